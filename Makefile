@@ -1,0 +1,69 @@
+# strata - the one build file.
+#   make            build/strata (+ CUDA kernels for sm_90 when nvcc is found)
+#   make NVCC=      CPU-only build
+#   make test       build and run the test suite (ends with "N passed, N failed")
+#   make asan       CPU-only build with AddressSanitizer + UBSan in build-asan/
+#   make test-asan  the suite under ASan + UBSan
+
+CC      ?= cc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc ))
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+BUILD   ?= build
+OPT     ?= -O3 -march=x86-64-v3
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -g -fopenmp -Isrc
+LDLIBS  += -ljansson -lpcre2-8 -lmicrohttpd -lm -lpthread
+LDFLAGS += -fopenmp
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Isrc --expt-relaxed-constexpr
+
+SRC      := $(wildcard src/*.c src/cpu/*.c)
+MAIN_SRC := src/main.c
+LIB_SRC  := $(filter-out $(MAIN_SRC),$(SRC))
+CU_SRC   := $(if $(NVCC),$(wildcard src/cuda/*.cu))
+TEST_SRC := $(wildcard tests/test_*.c)
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o)
+TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+
+ifneq ($(CU_SRC),)
+CFLAGS  += -DSTRATA_CUDA
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
+endif
+
+.PHONY: all test asan test-asan clean
+all: $(BUILD)/strata
+
+$(BUILD)/strata: $(BUILD)/src/main.o $(BUILD)/libstrata.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/libstrata.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/%.o: %.c $(wildcard src/*.h src/cpu/*.h src/cuda/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.cu $(wildcard src/*.h src/cuda/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libstrata.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
+
+# The suite: every test binary, plus the loader's malformed-input corpus under ASan + UBSan.
+ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_TESTS := build-asan/tests/test_loader
+test: $(BUILD)/strata $(TESTS)
+	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(ASAN_TESTS) >/dev/null
+	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(ASAN_TESTS)
+
+asan:
+	$(MAKE) BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" all
+
+test-asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(BUILD)/strata $(TESTS:$(BUILD)/%=build-asan/%)
+	@BUILD=build-asan bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%)
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages strata needs to build and test (Debian 12). Idempotent: asks
+# apt-get only for what is missing. Run as root (or with sudo available).
+set -euo pipefail
+pkgs=(build-essential pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev curl python3)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi

@@ -1,0 +1,100 @@
+/* backend.h - the operations the Qwen3.5 forward pass needs, as a table of function pointers.
+ *
+ * model.c is written once against this table; src/cpu/ implements it as the executable
+ * specification and src/cuda/ must match it op by op. Pointers passed to ops are "device"
+ * pointers obtained from ops->alloc (plain host memory on the CPU backend).
+ *
+ * Conventions
+ *   - Activations are bf16 stored as uint16_t, row-major, T rows (tokens) per call.
+ *   - Weights are bf16 [out_features, in_features] as in the checkpoint (y = x W^T), accumulated
+ *     in fp32, the output rounded once to bf16 (as torch does for a bf16 matmul).
+ *   - Small per-layer GDN vectors (A_log, dt_bias, linear_attn.norm.weight) are fp32 arrays
+ *     holding bf16-rounded values (transformers loads them as bf16; qwen35-model.md T3).
+ *   - `pos` points to ONE device int32: the position of the first of the T tokens. Reading it
+ *     on the device (not passing it by value) lets a captured decode graph be replayed as is.
+ *   - A backend is created for one config, a maximum context and a maximum T per call; it may
+ *     keep internal scratch sized from those and never allocates inside an op.
+ */
+#ifndef STRATA_BACKEND_H
+#define STRATA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+struct backend;
+
+struct backend_ops {
+    const char *name;
+    void (*destroy)(struct backend *be);
+
+    /* memory */
+    void *(*alloc)(struct backend *be, size_t bytes); /* zero-filled; aborts if out of memory */
+    void (*free)(struct backend *be, void *p);
+    void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(struct backend *be, void *dst, size_t bytes);
+    void (*sync)(struct backend *be);
+
+    /* Graphs. graph_replay returns 1 if a graph recorded under `key` was run (the caller skips
+     * its ops), else 0: the caller then brackets its ops with graph_begin/graph_end, which
+     * record them (where supported) and run them once. Backends without graphs run ops
+     * directly and return 0 from graph_replay. */
+    int (*graph_replay)(struct backend *be, int key);
+    void (*graph_begin)(struct backend *be, int key);
+    void (*graph_end)(struct backend *be, int key);
+
+    /* out[t, :] = table[ids[t], :]                                 out (T, H), table (V, H) */
+    void (*embed)(struct backend *be, uint16_t *out, const uint16_t *table, const int32_t *ids,
+                  int T);
+
+    /* out = [out +] bf16(xn W^T), xn = norm_w ? rmsnorm(x) : x                x (T, K), W (N, K)
+     * rmsnorm is Qwen3.5's zero-centred one: bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)), fp32
+     * inside. With accumulate, out = bf16(out + bf16(xn W^T)) (the residual add).   out (T, N) */
+    void (*matmul)(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                   const uint16_t *W, int T, int N, int K, int accumulate);
+
+    /* SwiGLU MLP input half: gu = xn W_gu^T with W_gu = [gate_proj; up_proj] (2I, K);
+     * out = bf16(bf16(silu(gate)) * up), xn as in matmul.                       out (T, I) */
+    void (*matmul_swiglu)(struct backend *be, uint16_t *out, const uint16_t *x,
+                          const uint16_t *norm_w, const uint16_t *W_gu, int T, int I, int K);
+
+    /* Gated full attention, everything after the projections (qwen35-model.md 3.3-3.4):
+     * qkv (T, 2*nH*hd + 2*nKV*hd) = [q_proj out (per-head query|gate interleaved) | k | v];
+     * q/k zero-centred RMSNorm per head, partial NeoX RoPE at positions *pos + t, k/v appended
+     * to the caches (nKV, max_ctx, hd) at *pos, causal GQA softmax attention over positions
+     * 0 .. *pos + t, times bf16(sigmoid(gate)).                          out (T, nH*hd) */
+    void (*attention)(struct backend *be, uint16_t *out, const uint16_t *qkv,
+                      const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
+                      uint16_t *v_cache, const int32_t *pos, int T);
+
+    /* Gated DeltaNet mixer, everything after the projections (qwen35-model.md 3.5, 4):
+     * proj (T, conv_dim + value_dim + 2*Hv) = [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a];
+     * causal conv1d over the qkv channels with conv_state (conv_dim, K) bf16 (raw inputs,
+     * oldest first), SiLU, L2-normalised q/k, beta/g gates, fp32 delta rule on
+     * state (Hv, dk, dv), gated RMSNorm with SiLU(z).                     out (T, value_dim) */
+    void (*gdn)(struct backend *be, uint16_t *out, const uint16_t *proj, uint16_t *conv_state,
+                const uint16_t *conv_w, const float *A_log, const float *dt_bias,
+                const float *norm_w, float *state, int T);
+
+    /* *out = index of the largest of x[0..n) (lowest index on ties, as torch.argmax). */
+    void (*argmax)(struct backend *be, int32_t *out, const uint16_t *x, int n);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    const struct config *config;
+    int max_ctx; /* positions the KV cache holds */
+    int max_T;   /* tokens per call */
+    void *impl;
+};
+
+/* The reference backend. n_threads <= 0 picks the OpenMP default. */
+struct backend *backend_cpu_create(const struct config *c, int max_ctx, int max_T, int n_threads);
+
+/* The CUDA backend (NULL with err filled when built without CUDA or no device is usable). */
+struct backend *backend_cuda_create(const struct config *c, int max_ctx, int max_T,
+                                    struct error *err);
+
+#endif

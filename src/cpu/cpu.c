@@ -1,0 +1,364 @@
+/* cpu.c - the reference backend: every op of backend.h in plain C11 + OpenMP, fp32 math with the
+ * bf16 rounding points of Hugging Face transformers' bf16 forward (qwen35-model.md §3, trap T2).
+ * This file is the executable specification the CUDA backend is checked against; clarity first,
+ * then enough speed (AVX2 dot products, threads over output rows / heads) to decode a
+ * 0.8B-shaped model on two cores.
+ *
+ * Mirrors: transformers models/qwen3_5/modeling_qwen3_5.py (Qwen3_5RMSNorm, Qwen3_5Attention,
+ * Qwen3_5GatedDeltaNet with torch_causal_conv1d_update / torch_recurrent_gated_delta_rule,
+ * Qwen3_5RMSNormGated, Qwen3_5MLP). The delta rule runs in its recurrent form for every T; the
+ * chunked form transformers uses for T > 1 is the same function up to fp32 rounding (§4.2). */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "backend.h"
+
+struct cpu {
+    int n_threads;
+    float *inv_freq; /* (rotary_dim / 2,) RoPE frequencies, fp32 as torch computes them */
+};
+
+static struct cpu *cpu_of(struct backend *be) { return be->impl; }
+
+/* ---------------------------------------------------------------------------------------------
+ * helpers */
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* sum_i w[i] * x[i], w bf16, x fp32, fp32 accumulation */
+static float dot_bf16_f32(const uint16_t *w, const float *x, int n) {
+    int i = 0;
+    float sum = 0.0f;
+#ifdef __AVX2__
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i)));
+        __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i + 8)));
+        __m256 f0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+        __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+        acc0 = _mm256_fmadd_ps(f0, _mm256_loadu_ps(x + i), acc0);
+        acc1 = _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + i + 8), acc1);
+    }
+    __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    sum = _mm_cvtss_f32(s);
+#endif
+    for (; i < n; i++) sum += bf16_to_f32(w[i]) * x[i];
+    return sum;
+}
+
+/* Zero-centred RMSNorm of one row into fp32 values that are exactly bf16 (the rounded output):
+ * y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)). */
+static void rmsnorm_row(float *y, const uint16_t *x, const uint16_t *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float v = bf16_to_f32(x[i]);
+        ss += v * v;
+    }
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = bf16r(bf16_to_f32(x[i]) * r * (1.0f + bf16_to_f32(w[i])));
+}
+
+/* The bf16 input rows of a matmul as fp32 (normalised first when norm_w is given). */
+static float *matmul_input(struct backend *be, const uint16_t *x, const uint16_t *norm_w, int T,
+                           int K) {
+    float *xf = xmalloc((size_t)T * K * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        if (norm_w)
+            rmsnorm_row(xf + (size_t)t * K, x + (size_t)t * K, norm_w, K, be->config->rms_norm_eps);
+        else
+            for (int k = 0; k < K; k++) xf[(size_t)t * K + k] = bf16_to_f32(x[(size_t)t * K + k]);
+    }
+    return xf;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * memory and graphs */
+
+static void *cpu_alloc(struct backend *be, size_t bytes) {
+    (void)be;
+    return xcalloc(1, bytes);
+}
+static void cpu_free(struct backend *be, void *p) { free(p); }
+static void cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes) {
+    memcpy(dst, src, bytes);
+}
+static void cpu_zero(struct backend *be, void *dst, size_t bytes) { memset(dst, 0, bytes); }
+static void cpu_sync(struct backend *be) {}
+static int cpu_graph_replay(struct backend *be, int key) { return 0; }
+static void cpu_graph_mark(struct backend *be, int key) {}
+
+/* ---------------------------------------------------------------------------------------------
+ * ops */
+
+static void cpu_embed(struct backend *be, uint16_t *out, const uint16_t *table, const int32_t *ids,
+                      int T) {
+    int H = be->config->hidden_size;
+    for (int t = 0; t < T; t++) {
+        CHECK(ids[t] >= 0 && ids[t] < be->config->vocab_size);
+        memcpy(out + (size_t)t * H, table + (size_t)ids[t] * H, (size_t)H * sizeof(uint16_t));
+    }
+}
+
+static void cpu_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                       const uint16_t *W, int T, int N, int K, int accumulate) {
+    float *xf = matmul_input(be, x, norm_w, T, K);
+#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
+    for (int n = 0; n < N; n++) {
+        const uint16_t *w = W + (size_t)n * K;
+        for (int t = 0; t < T; t++) {
+            float y = bf16r(dot_bf16_f32(w, xf + (size_t)t * K, K)); /* HF: the bf16 linear output */
+            uint16_t *o = out + (size_t)t * N + n;
+            *o = f32_to_bf16(accumulate ? bf16_to_f32(*o) + y : y); /* HF: residual = residual + m */
+        }
+    }
+    free(xf);
+}
+
+static void cpu_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *x,
+                              const uint16_t *norm_w, const uint16_t *W_gu, int T, int I, int K) {
+    float *xf = matmul_input(be, x, norm_w, T, K);
+#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
+    for (int i = 0; i < I; i++) {
+        const uint16_t *wg = W_gu + (size_t)i * K, *wu = W_gu + (size_t)(I + i) * K;
+        for (int t = 0; t < T; t++) {
+            float g = bf16r(dot_bf16_f32(wg, xf + (size_t)t * K, K)); /* HF: gate_proj(x) */
+            float u = bf16r(dot_bf16_f32(wu, xf + (size_t)t * K, K)); /* HF: up_proj(x) */
+            /* HF: act_fn(gate_proj(x)) * up_proj(x), each op rounding to bf16 */
+            out[(size_t)t * I + i] = f32_to_bf16(bf16r(silu(g)) * u);
+        }
+    }
+    free(xf);
+}
+
+/* Partial NeoX RoPE on the first rotary_dim values of one bf16-valued head (qwen35-model.md 3.4):
+ * out = bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)) with cos/sin rounded to bf16. */
+static void rope_head(float *x, const float *inv_freq, int rotary_dim, int pos) {
+    int half = rotary_dim / 2;
+    float tmp[512];
+    CHECK(rotary_dim <= 512);
+    memcpy(tmp, x, (size_t)rotary_dim * sizeof(float));
+    for (int j = 0; j < half; j++) {
+        float angle = (float)pos * inv_freq[j];
+        float c = bf16r(cosf(angle)), s = bf16r(sinf(angle));
+        x[j] = bf16r(bf16r(tmp[j] * c) + bf16r(-tmp[j + half] * s));
+        x[j + half] = bf16r(bf16r(tmp[j + half] * c) + bf16r(tmp[j] * s));
+    }
+}
+
+static void cpu_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
+                          const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
+                          uint16_t *v_cache, const int32_t *pos_p, int T) {
+    const struct config *c = be->config;
+    struct cpu *cpu = cpu_of(be);
+    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    int group = nH / nKV, max_ctx = be->max_ctx, pos0 = *pos_p;
+    size_t row = (size_t)2 * nH * hd + (size_t)2 * nKV * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    CHECK(pos0 >= 0 && pos0 + T <= max_ctx);
+
+    /* 1. normalise + rotate q (kept as fp32 holding bf16 values), k; append k, v to the cache */
+    float *q = xmalloc((size_t)T * nH * hd * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        const uint16_t *r = qkv + (size_t)t * row;
+        for (int h = 0; h < nH; h++) {
+            float *qh = q + ((size_t)t * nH + h) * hd;
+            rmsnorm_row(qh, r + (size_t)h * 2 * hd, q_norm, hd, c->rms_norm_eps); /* HF: q_norm */
+            rope_head(qh, cpu->inv_freq, c->rotary_dim, pos0 + t);
+        }
+        for (int h = 0; h < nKV; h++) {
+            float kh[1024];
+            CHECK(hd <= 1024);
+            const uint16_t *kr = r + (size_t)2 * nH * hd + (size_t)h * hd;
+            const uint16_t *vr = r + (size_t)2 * nH * hd + (size_t)nKV * hd + (size_t)h * hd;
+            rmsnorm_row(kh, kr, k_norm, hd, c->rms_norm_eps); /* HF: k_norm */
+            rope_head(kh, cpu->inv_freq, c->rotary_dim, pos0 + t);
+            uint16_t *kc = k_cache + ((size_t)h * max_ctx + pos0 + t) * hd;
+            uint16_t *vc = v_cache + ((size_t)h * max_ctx + pos0 + t) * hd;
+            for (int i = 0; i < hd; i++) kc[i] = f32_to_bf16(kh[i]);
+            memcpy(vc, vr, (size_t)hd * sizeof(uint16_t));
+        }
+    }
+
+    /* 2. causal GQA softmax attention, fp32, then the sigmoid output gate */
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(cpu->n_threads)
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nH; h++) {
+            int n_ctx = pos0 + t + 1, kvh = h / group;
+            const float *qh = q + ((size_t)t * nH + h) * hd;
+            float *s = xmalloc((size_t)n_ctx * sizeof(float));
+            float *acc = xcalloc((size_t)hd, sizeof(float));
+            float mx = -INFINITY;
+            for (int j = 0; j < n_ctx; j++) {
+                const uint16_t *kj = k_cache + ((size_t)kvh * max_ctx + j) * hd;
+                float d = 0.0f;
+                for (int i = 0; i < hd; i++) d += qh[i] * bf16_to_f32(kj[i]);
+                s[j] = d * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < n_ctx; j++) sum += (s[j] = expf(s[j] - mx));
+            for (int j = 0; j < n_ctx; j++) {
+                const uint16_t *vj = v_cache + ((size_t)kvh * max_ctx + j) * hd;
+                float p = s[j] / sum;
+                for (int i = 0; i < hd; i++) acc[i] += p * bf16_to_f32(vj[i]);
+            }
+            const uint16_t *gate = qkv + (size_t)t * row + (size_t)h * 2 * hd + hd;
+            uint16_t *o = out + ((size_t)t * nH + h) * hd;
+            for (int i = 0; i < hd; i++) /* HF: attn_output * torch.sigmoid(gate) */
+                o[i] = f32_to_bf16(bf16r(acc[i]) * bf16r(sigmoid(bf16_to_f32(gate[i]))));
+            free(s);
+            free(acc);
+        }
+    }
+    free(q);
+}
+
+static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uint16_t *conv_state,
+                    const uint16_t *conv_w, const float *A_log, const float *dt_bias,
+                    const float *norm_w, float *state, int T) {
+    const struct config *c = be->config;
+    int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
+    int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim, K = c->linear_conv_kernel_dim;
+    int conv_dim = c->conv_dim, key_dim = c->key_dim, value_dim = c->value_dim, r = Hv / Hk;
+    size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
+    float *y = xmalloc((size_t)conv_dim * sizeof(float)); /* (conv_dim,) conv + SiLU output */
+    float *qn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised, scaled q */
+    float *kn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised k */
+
+    for (int t = 0; t < T; t++) {
+        const uint16_t *x = proj + (size_t)t * row;
+        const uint16_t *z = x + conv_dim, *b = z + value_dim, *a = b + Hv;
+
+        /* 1. causal depthwise conv over the raw qkv channels; the state keeps the last K inputs,
+         *    oldest first; tap K-1 multiplies the current token. HF: silu(conv1d(x)), bf16 each. */
+#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
+        for (int ch = 0; ch < conv_dim; ch++) {
+            uint16_t *st = conv_state + (size_t)ch * K;
+            memmove(st, st + 1, (size_t)(K - 1) * sizeof(uint16_t));
+            st[K - 1] = x[ch];
+            float acc = 0.0f;
+            for (int j = 0; j < K; j++) acc += bf16_to_f32(conv_w[(size_t)ch * K + j]) * bf16_to_f32(st[j]);
+            y[ch] = bf16r(silu(bf16r(acc)));
+        }
+
+        /* 2. L2-normalise q and k per key head in fp32 (eps on the sum of squares), q * dk^-0.5 */
+        for (int h = 0; h < 2 * Hk; h++) {
+            const float *src = y + (size_t)h * dk;
+            float ss = 0.0f;
+            for (int i = 0; i < dk; i++) ss += src[i] * src[i];
+            float inv = 1.0f / sqrtf(ss + 1e-6f);
+            float *dst = h < Hk ? qn + (size_t)h * dk : kn + (size_t)(h - Hk) * dk;
+            float scale = h < Hk ? 1.0f / sqrtf((float)dk) : 1.0f;
+            for (int i = 0; i < dk; i++) dst[i] = src[i] * inv * scale;
+        }
+
+        /* 3. per value head: gates, delta rule on the fp32 state, gated RMSNorm */
+#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
+        for (int v = 0; v < Hv; v++) {
+            const float *q = qn + (size_t)(v / r) * dk, *k = kn + (size_t)(v / r) * dk;
+            const float *vv = y + 2 * (size_t)key_dim + (size_t)v * dv;
+            float beta = bf16r(sigmoid(bf16_to_f32(b[v]))); /* HF: b.sigmoid() in bf16 */
+            float u = bf16_to_f32(a[v]) + dt_bias[v];
+            float softplus = u > 20.0f ? u : log1pf(expf(u));
+            float g = -expf(A_log[v]) * softplus; /* HF: -A_log.float().exp() * softplus(a + dt_bias) */
+            float decay = expf(g);
+            float *S = state + (size_t)v * dk * dv; /* (dk, dv) */
+            float delta[1024], o[1024];
+            CHECK(dv <= 1024);
+            for (int j = 0; j < dv; j++) delta[j] = 0.0f;
+            for (int i = 0; i < dk; i++)
+                for (int j = 0; j < dv; j++) {
+                    S[(size_t)i * dv + j] *= decay;                /* S <- exp(g) S */
+                    delta[j] += S[(size_t)i * dv + j] * k[i];      /* u = S^T k */
+                }
+            for (int j = 0; j < dv; j++) delta[j] = beta * (vv[j] - delta[j]); /* beta (v - u) */
+            for (int j = 0; j < dv; j++) o[j] = 0.0f;
+            for (int i = 0; i < dk; i++)
+                for (int j = 0; j < dv; j++) {
+                    float s = S[(size_t)i * dv + j] + k[i] * delta[j]; /* S += k delta^T */
+                    S[(size_t)i * dv + j] = s;
+                    o[j] += s * q[i];                                  /* o = S^T q */
+                }
+            /* HF Qwen3_5RMSNormGated: weight * bf16(norm(o)), times silu(z) in fp32 */
+            float ss = 0.0f;
+            for (int j = 0; j < dv; j++) {
+                o[j] = bf16r(o[j]);
+                ss += o[j] * o[j];
+            }
+            float rr = 1.0f / sqrtf(ss / (float)dv + c->rms_norm_eps);
+            for (int j = 0; j < dv; j++) {
+                float n = bf16r(o[j] * rr);
+                float w = bf16r(norm_w[j] * n);
+                out[(size_t)t * value_dim + (size_t)v * dv + j] =
+                    f32_to_bf16(w * silu(bf16_to_f32(z[(size_t)v * dv + j])));
+            }
+        }
+    }
+    free(y);
+    free(qn);
+    free(kn);
+}
+
+static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n) {
+    int best = 0;
+    float bv = bf16_to_f32(x[0]);
+    for (int i = 1; i < n; i++) {
+        float v = bf16_to_f32(x[i]);
+        if (v > bv) bv = v, best = i;
+    }
+    *out = best;
+}
+
+static void cpu_destroy(struct backend *be) {
+    free(cpu_of(be)->inv_freq);
+    free(be->impl);
+    free(be);
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .graph_replay = cpu_graph_replay,
+    .graph_begin = cpu_graph_mark,
+    .graph_end = cpu_graph_mark,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul,
+    .matmul_swiglu = cpu_matmul_swiglu,
+    .attention = cpu_attention,
+    .gdn = cpu_gdn,
+    .argmax = cpu_argmax,
+};
+
+struct backend *backend_cpu_create(const struct config *c, int max_ctx, int max_T, int n_threads) {
+    struct backend *be = xcalloc(1, sizeof *be);
+    struct cpu *cpu = xcalloc(1, sizeof *cpu);
+    cpu->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    /* HF: inv_freq = 1 / base ** (arange(0, dim, 2) / dim), fp32 */
+    int half = c->rotary_dim / 2;
+    cpu->inv_freq = xmalloc((size_t)(half > 0 ? half : 1) * sizeof(float));
+    for (int j = 0; j < half; j++)
+        cpu->inv_freq[j] =
+            1.0f / powf((float)c->rope_theta, (float)(2 * j) / (float)c->rotary_dim);
+    be->ops = &cpu_ops;
+    be->config = c;
+    be->max_ctx = max_ctx;
+    be->max_T = max_T;
+    be->impl = cpu;
+    return be;
+}

@@ -1,0 +1,229 @@
+/* main.c - the strata command line: dispatches subcommands and implements `run` and `info`. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "model.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: strata <command> [options]\n"
+            "commands:\n"
+            "  serve     OpenAI-compatible HTTP server (default: the bundled demo model)\n"
+            "  run       generate: strata run [--model DIR] --prompt-ids \"1 2 3\" [-n 32]\n"
+            "  bench     llama-bench style measurements: strata bench --model DIR\n"
+            "  info      config, parameter count, memory: strata info [--model DIR]\n"
+            "  tokenize  text on stdin -> ids (or --decode ids -> text)\n"
+            "  render    OpenAI chat request on stdin -> prompt text\n"
+            "common options: --model DIR, --backend cpu|cuda, --ctx N, --threads N\n");
+}
+
+const char *cli_default_model_dir(void) {
+    static char path[PATH_MAX + 16];
+    const char *env = getenv("STRATA_DEMO_MODEL");
+    if (env && *env) return env;
+    /* the demo model sits in demo/ beside build/ in the source tree */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(path, sizeof path, "%s/../demo", exe);
+            if (access(path, R_OK) == 0) return path;
+        }
+    }
+    return "demo";
+}
+
+/* --backend cpu|cuda|auto */
+static int parse_backend(const char *s, enum backend_kind *out) {
+    if (strcmp(s, "cpu") == 0) *out = BACKEND_CPU;
+    else if (strcmp(s, "cuda") == 0) *out = BACKEND_CUDA;
+    else if (strcmp(s, "auto") == 0) *out = BACKEND_AUTO;
+    else return -1;
+    return 0;
+}
+
+static int parse_ids(const char *s, int32_t **ids_out, int *n_out) {
+    int cap = 64, n = 0;
+    int32_t *ids = xmalloc((size_t)cap * sizeof *ids);
+    while (*s) {
+        while (*s == ' ' || *s == ',' || *s == '\t' || *s == '\n') s++;
+        if (!*s) break;
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) {
+            free(ids);
+            return -1;
+        }
+        if (n == cap) ids = xrealloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    *ids_out = ids;
+    *n_out = n;
+    return 0;
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *dir = NULL, *prompt_ids = NULL;
+    int n_gen = 32;
+    struct model_options opt = {0};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v) dir = v, i++;
+        else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
+        else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v) n_gen = atoi(v), i++;
+        else if (!strcmp(a, "--ctx") && v) opt.ctx = atoi(v), i++;
+        else if (!strcmp(a, "--threads") && v) opt.n_threads = atoi(v), i++;
+        else if (!strcmp(a, "--backend") && v) {
+            if (parse_backend(v, &opt.backend) < 0) {
+                fprintf(stderr, "strata run: unknown backend '%s' (cpu, cuda, auto)\n", v);
+                return 2;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "strata run: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
+    }
+    if (!dir) dir = cli_default_model_dir();
+    if (!prompt_ids) {
+        fprintf(stderr, "strata run: give --prompt-ids \"1 2 3\"\n");
+        return 2;
+    }
+    int32_t *ids;
+    int n_ids;
+    if (parse_ids(prompt_ids, &ids, &n_ids) < 0 || n_ids == 0) {
+        fprintf(stderr, "strata run: --prompt-ids must be non-negative integers\n");
+        return 2;
+    }
+    struct error err;
+    struct model *m = model_load(dir, &opt, &err);
+    if (!m) {
+        fprintf(stderr, "strata run: %s\n", err.msg);
+        free(ids);
+        return 1;
+    }
+    double t0 = now_ms();
+    if (model_prefill(m, ids, n_ids, NULL, &err) < 0) {
+        fprintf(stderr, "strata run: %s\n", err.msg);
+        model_free(m);
+        free(ids);
+        return 1;
+    }
+    int32_t tok = model_argmax(m);
+    double t1 = now_ms();
+    const struct config *c = model_config(m);
+    int n_done = 0;
+    const char *finish = "length";
+    printf("%d", tok);
+    fflush(stdout);
+    n_done = 1;
+    while (n_done < n_gen) {
+        int is_eos = 0;
+        for (int e = 0; e < c->n_eos_token_id; e++) is_eos |= tok == c->eos_token_id[e];
+        if (is_eos) {
+            finish = "stop";
+            break;
+        }
+        if (model_step(m, tok) < 0) {
+            finish = "length (context full)";
+            break;
+        }
+        tok = model_argmax(m);
+        printf(" %d", tok);
+        fflush(stdout);
+        n_done++;
+    }
+    double t2 = now_ms();
+    printf("\n");
+    fprintf(stderr,
+            "backend %s | prompt %d tokens, prefill %.2f ms (%.1f tok/s) | generated %d tokens, "
+            "decode %.2f tok/s | finish: %s\n",
+            model_backend(m)->ops->name, n_ids, t1 - t0, n_ids / ((t1 - t0) / 1e3), n_done,
+            n_done > 1 ? (n_done - 1) / ((t2 - t1) / 1e3) : 0.0, finish);
+    model_free(m);
+    free(ids);
+    return 0;
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *dir = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
+        else {
+            fprintf(stderr, "strata info: unknown or incomplete option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!dir) dir = cli_default_model_dir();
+    struct error err;
+    struct model_options opt = {.backend = BACKEND_CPU, .quiet = 1, .ctx = 1, .max_T = 1};
+    /* Reading sizes needs only the headers, but validating the checkpoint needs a full load;
+     * load on the CPU backend with a 1-position context to keep memory to the weights. */
+    struct model *m = model_load(dir, &opt, &err);
+    if (!m) {
+        fprintf(stderr, "strata info: %s\n", err.msg);
+        return 1;
+    }
+    const struct config *c = model_config(m);
+    printf("model          %s\n", dir);
+    printf("architecture   %s (%s config)\n", c->architecture, c->nested ? "nested text_config" : "flat");
+    printf("layers         %d (%d Gated DeltaNet, %d full attention)\n", c->num_hidden_layers,
+           c->n_linear_layers, c->n_full_layers);
+    printf("layer types    ");
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        putchar(c->layer_types[l] == LAYER_FULL_ATTENTION ? 'A' : 'L');
+    printf("  (L = linear attention, A = full attention)\n");
+    printf("hidden_size    %d, intermediate_size %d, vocab_size %d\n", c->hidden_size,
+           c->intermediate_size, c->vocab_size);
+    printf("attention      %d heads, %d kv heads, head_dim %d, rotary_dim %d, rope_theta %g\n",
+           c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->rotary_dim, c->rope_theta);
+    printf("deltanet       %d key heads x %d, %d value heads x %d, conv kernel %d\n",
+           c->linear_num_key_heads, c->linear_key_head_dim, c->linear_num_value_heads,
+           c->linear_value_head_dim, c->linear_conv_kernel_dim);
+    printf("embeddings     %s\n", c->tie_word_embeddings ? "tied" : "untied (separate lm_head)");
+    printf("max positions  %d\n", c->max_position_embeddings);
+    printf("parameters     %lld (%.3f B)\n", (long long)model_n_params(m), model_n_params(m) / 1e9);
+    printf("weight bytes   %zu (%.2f GB)\n", model_weight_bytes(m), model_weight_bytes(m) / 1e9);
+    printf("skipped        %d tensors (vision tower, mtp head)\n", model_n_skipped(m));
+    size_t kv = (size_t)2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2;
+    size_t gdn = (size_t)c->n_linear_layers *
+                 ((size_t)c->linear_num_value_heads * c->linear_key_head_dim *
+                      c->linear_value_head_dim * 4 +
+                  (size_t)c->conv_dim * c->linear_conv_kernel_dim * 2);
+    printf("KV cache       %zu bytes per token (bf16; %.1f MiB at 4096 tokens)\n", kv,
+           kv * 4096.0 / (1 << 20));
+    printf("DeltaNet state %zu bytes per sequence (%.2f MiB: fp32 recurrent + bf16 conv)\n", gdn,
+           gdn / (double)(1 << 20));
+    model_free(m);
+    return 0;
+}
+
+struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+};
+
+static const struct command commands[] = {
+    {"run", cmd_run},
+    {"info", cmd_info},
+};
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "strata: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

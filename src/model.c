@@ -1,0 +1,517 @@
+/* model.c - the Qwen3.5 text model: binds checkpoint tensors by their Hugging Face names, owns
+ * the per-sequence state, and runs the forward pass through the backend's operations. This is
+ * the only file that knows the layer order; it reads like transformers'
+ * models/qwen3_5/modeling_qwen3_5.py (Qwen3_5TextModel.forward, Qwen3_5DecoderLayer.forward).
+ *
+ * Weights that read the same input are concatenated at load (rows stacked, so each output row is
+ * computed exactly as by the separate projection): [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]
+ * for a DeltaNet layer, [q_proj; k_proj; v_proj] for an attention layer, [gate_proj; up_proj] for
+ * the MLP. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { GRAPH_STEP = 1 };
+#define LOGITS_ROWS 16 /* rows of logits computed per matmul when every position is wanted */
+
+struct layer {
+    enum layer_type type;
+    uint16_t *input_layernorm;          /* (H,) */
+    uint16_t *post_attention_layernorm; /* (H,) */
+    uint16_t *w_mix;  /* GDN: (conv_dim + value_dim + 2 Hv, H); attention: (2 nH hd + 2 nKV hd, H) */
+    uint16_t *w_out;  /* GDN out_proj (H, value_dim); attention o_proj (H, nH hd) */
+    uint16_t *w_gate_up; /* (2 I, H) */
+    uint16_t *w_down;    /* (H, I) */
+    /* full attention */
+    uint16_t *q_norm, *k_norm; /* (hd,) */
+    uint16_t *k_cache, *v_cache; /* (nKV, ctx, hd) */
+    /* gated deltanet */
+    uint16_t *conv_w;     /* (conv_dim, K) */
+    float *A_log, *dt_bias; /* (Hv,) bf16-rounded values */
+    float *norm_w;        /* (dv,) bf16-rounded values */
+    uint16_t *conv_state; /* (conv_dim, K) raw inputs, oldest first */
+    float *state;         /* (Hv, dk, dv) */
+};
+
+struct model {
+    struct config config;
+    struct safetensors st;
+    struct backend *be;
+    int ctx, max_T, pos, quiet;
+    struct layer *layers;
+    uint16_t *embed_tokens; /* (V, H) */
+    uint16_t *norm;         /* (H,) */
+    uint16_t *lm_head;      /* (V, H); == embed_tokens when tied */
+    /* activations, max_T rows */
+    uint16_t *h;      /* (max_T, H) residual stream */
+    uint16_t *proj;   /* (max_T, max(mix rows)) projection outputs */
+    uint16_t *mix;    /* (max_T, max(value_dim, nH hd)) mixer outputs */
+    uint16_t *mlp;    /* (max_T, I) */
+    uint16_t *logits; /* (LOGITS_ROWS, V) */
+    int32_t *ids;     /* (max_T,) */
+    int32_t *pos_dev; /* (1,) position of the first token of the call */
+    int32_t *argmax;  /* (1,) */
+    size_t weight_bytes;
+    int64_t n_params;
+    int n_skipped;
+    int argmax_valid;
+    const char *prefix;
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * loading */
+
+struct loader {
+    struct model *m;
+    const char *dir;
+    struct error *err;
+    uint8_t *seen; /* (n_tensors,) */
+};
+
+static int shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, cap - n, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+    return 0;
+}
+
+/* Finds `name` (after the language-model prefix, or top level when name starts with "lm_head")
+ * and checks its dtype and shape exactly. allow_f32: the tensor may be F32 instead of BF16. */
+static const struct st_tensor *find_tensor(struct loader *ld, const char *name, int ndim,
+                                           const int64_t *shape, int allow_f32) {
+    char full[512];
+    if (strncmp(name, "lm_head", 7) == 0)
+        snprintf(full, sizeof full, "%s", name);
+    else
+        snprintf(full, sizeof full, "%s%s", ld->m->prefix, name);
+    const struct st_tensor *t = safetensors_find(&ld->m->st, full);
+    char want[128], got[128];
+    shape_str(want, sizeof want, shape, ndim);
+    if (!t) {
+        error_set(ld->err, "%s: tensor %s: missing (expected shape %s bf16)", ld->dir, full, want);
+        return NULL;
+    }
+    const char *file = ld->m->st.files[t->file].path;
+    shape_str(got, sizeof got, t->shape, t->ndim);
+    int shape_ok = t->ndim == ndim;
+    for (int i = 0; shape_ok && i < ndim; i++) shape_ok = t->shape[i] == shape[i];
+    int dtype_ok = t->dtype == ST_BF16 || (allow_f32 && t->dtype == ST_F32);
+    if (!shape_ok || !dtype_ok) {
+        error_set(ld->err, "%s: tensor %s: expected shape %s %s, found %s %s", file, full, want,
+                  allow_f32 ? "bf16 or f32" : "bf16", got, st_dtype_name(t->dtype));
+        return NULL;
+    }
+    ld->seen[t - ld->m->st.tensors] = 1;
+    return t;
+}
+
+/* Uploads one bf16 tensor (or several stacked by rows) to a new device buffer. */
+static uint16_t *upload_rows(struct loader *ld, const struct st_tensor **parts, int n_parts) {
+    size_t bytes = 0;
+    for (int i = 0; i < n_parts; i++) bytes += parts[i]->nbytes;
+    struct backend *be = ld->m->be;
+    uint16_t *dst = be->ops->alloc(be, bytes);
+    size_t off = 0;
+    for (int i = 0; i < n_parts; i++) {
+        be->ops->upload(be, (char *)dst + off, parts[i]->data, parts[i]->nbytes);
+        off += parts[i]->nbytes;
+        ld->m->n_params += (int64_t)(parts[i]->nbytes / 2);
+    }
+    ld->m->weight_bytes += bytes;
+    return dst;
+}
+
+/* Uploads a small vector as fp32 holding bf16-rounded values (qwen35-model.md T3: transformers
+ * loads the F32 A_log / norm.weight of the checkpoint as bf16). */
+static float *upload_vec_f32(struct loader *ld, const struct st_tensor *t, int n) {
+    float *tmp = xmalloc((size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        float v;
+        if (t->dtype == ST_F32)
+            memcpy(&v, (const char *)t->data + (size_t)i * 4, 4);
+        else
+            v = bf16_to_f32(((const uint16_t *)t->data)[i]);
+        tmp[i] = bf16r(v);
+    }
+    struct backend *be = ld->m->be;
+    float *dst = be->ops->alloc(be, (size_t)n * sizeof(float));
+    be->ops->upload(be, dst, tmp, (size_t)n * sizeof(float));
+    free(tmp);
+    ld->m->n_params += n;
+    ld->m->weight_bytes += t->nbytes;
+    return dst;
+}
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define NDIM(...) ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+#define FIND(ld, name, ...) find_tensor(ld, name, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), 0)
+#define FIND_F32(ld, name, ...) find_tensor(ld, name, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), 1)
+
+static void progress(struct model *m, int done, int total) {
+    if (m->quiet || m->weight_bytes < ((size_t)256 << 20)) return;
+    int w = 40, fill = total ? done * w / total : w;
+    fprintf(stderr, "\rloading weights [%.*s%*s] %d/%d layers, %.2f GB", fill,
+            "########################################", w - fill, "", done, total,
+            (double)m->weight_bytes / 1e9);
+    if (done == total) fputc('\n', stderr);
+}
+
+static int load_layer(struct loader *ld, int l) {
+    struct model *m = ld->m;
+    const struct config *c = &m->config;
+    struct layer *L = &m->layers[l];
+    int64_t H = c->hidden_size, I = c->intermediate_size;
+    char n[256];
+    const struct st_tensor *t[4];
+    L->type = c->layer_types[l];
+
+#define NAME(suffix) (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), n)
+    if (!(t[0] = FIND(ld, NAME("input_layernorm.weight"), H))) return -1;
+    L->input_layernorm = upload_rows(ld, t, 1);
+    if (!(t[0] = FIND(ld, NAME("post_attention_layernorm.weight"), H))) return -1;
+    L->post_attention_layernorm = upload_rows(ld, t, 1);
+    if (!(t[0] = FIND(ld, NAME("mlp.gate_proj.weight"), I, H))) return -1;
+    if (!(t[1] = FIND(ld, NAME("mlp.up_proj.weight"), I, H))) return -1;
+    L->w_gate_up = upload_rows(ld, t, 2);
+    if (!(t[0] = FIND(ld, NAME("mlp.down_proj.weight"), H, I))) return -1;
+    L->w_down = upload_rows(ld, t, 1);
+
+    struct backend *be = m->be;
+    if (L->type == LAYER_FULL_ATTENTION) {
+        int64_t nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+        if (!(t[0] = FIND(ld, NAME("self_attn.q_proj.weight"), 2 * nH * hd, H))) return -1;
+        if (!(t[1] = FIND(ld, NAME("self_attn.k_proj.weight"), nKV * hd, H))) return -1;
+        if (!(t[2] = FIND(ld, NAME("self_attn.v_proj.weight"), nKV * hd, H))) return -1;
+        L->w_mix = upload_rows(ld, t, 3);
+        if (!(t[0] = FIND(ld, NAME("self_attn.o_proj.weight"), H, nH * hd))) return -1;
+        L->w_out = upload_rows(ld, t, 1);
+        if (!(t[0] = FIND(ld, NAME("self_attn.q_norm.weight"), hd))) return -1;
+        L->q_norm = upload_rows(ld, t, 1);
+        if (!(t[0] = FIND(ld, NAME("self_attn.k_norm.weight"), hd))) return -1;
+        L->k_norm = upload_rows(ld, t, 1);
+        size_t kv_bytes = (size_t)nKV * m->ctx * hd * sizeof(uint16_t);
+        L->k_cache = be->ops->alloc(be, kv_bytes);
+        L->v_cache = be->ops->alloc(be, kv_bytes);
+    } else {
+        int64_t Hv = c->linear_num_value_heads, K = c->linear_conv_kernel_dim;
+        int64_t conv_dim = c->conv_dim, value_dim = c->value_dim;
+        if (!(t[0] = FIND(ld, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, H))) return -1;
+        if (!(t[1] = FIND(ld, NAME("linear_attn.in_proj_z.weight"), value_dim, H))) return -1;
+        if (!(t[2] = FIND(ld, NAME("linear_attn.in_proj_b.weight"), Hv, H))) return -1;
+        if (!(t[3] = FIND(ld, NAME("linear_attn.in_proj_a.weight"), Hv, H))) return -1;
+        L->w_mix = upload_rows(ld, t, 4);
+        if (!(t[0] = FIND(ld, NAME("linear_attn.out_proj.weight"), H, value_dim))) return -1;
+        L->w_out = upload_rows(ld, t, 1);
+        if (!(t[0] = FIND(ld, NAME("linear_attn.conv1d.weight"), conv_dim, 1, K))) return -1;
+        L->conv_w = upload_rows(ld, t, 1);
+        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.A_log"), Hv))) return -1;
+        L->A_log = upload_vec_f32(ld, t[0], (int)Hv);
+        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.dt_bias"), Hv))) return -1;
+        L->dt_bias = upload_vec_f32(ld, t[0], (int)Hv);
+        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.norm.weight"), c->linear_value_head_dim)))
+            return -1;
+        L->norm_w = upload_vec_f32(ld, t[0], c->linear_value_head_dim);
+        L->conv_state = be->ops->alloc(be, (size_t)conv_dim * K * sizeof(uint16_t));
+        L->state = be->ops->alloc(be, (size_t)Hv * c->linear_key_head_dim *
+                                          c->linear_value_head_dim * sizeof(float));
+    }
+#undef NAME
+    return 0;
+}
+
+static int is_skipped_name(const char *name) {
+    return strncmp(name, "mtp.", 4) == 0 || strncmp(name, "model.visual.", 13) == 0 ||
+           strncmp(name, "visual.", 7) == 0;
+}
+
+struct model *model_load(const char *dir, const struct model_options *opt, struct error *err) {
+    struct model_options defaults = {0};
+    if (!opt) opt = &defaults;
+    struct model *m = xcalloc(1, sizeof *m);
+    struct loader ld = {.m = m, .dir = dir, .err = err};
+    char path[4096];
+    m->quiet = opt->quiet;
+
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (config_load(&m->config, path, err) < 0) goto fail;
+    const struct config *c = &m->config;
+    if (safetensors_open_dir(&m->st, dir, err) < 0) goto fail;
+
+    /* language-model tensors live under model.language_model. (published multimodal checkpoints)
+     * or model. (text-only exports) */
+    m->prefix = safetensors_find(&m->st, "model.language_model.embed_tokens.weight")
+                    ? "model.language_model."
+                    : "model.";
+    ld.seen = xcalloc((size_t)m->st.n_tensors + 1, 1);
+
+    int max_pos = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
+    m->ctx = opt->ctx > 0 ? opt->ctx : (max_pos < 4096 ? max_pos : 4096);
+    if (m->ctx > max_pos) {
+        error_set(err, "%s: requested context %d exceeds max_position_embeddings %d", dir, m->ctx,
+                  max_pos);
+        goto fail;
+    }
+    m->max_T = opt->max_T > 0 ? opt->max_T : 512;
+
+    enum backend_kind kind = opt->backend;
+    if (kind == BACKEND_CUDA || kind == BACKEND_AUTO) {
+        struct error cuda_err = {{0}};
+        m->be = backend_cuda_create(c, m->ctx, m->max_T, &cuda_err);
+        if (!m->be && kind == BACKEND_CUDA) {
+            error_set(err, "cuda backend: %s", cuda_err.msg);
+            goto fail;
+        }
+    }
+    if (!m->be) m->be = backend_cpu_create(c, m->ctx, m->max_T, opt->n_threads);
+    struct backend *be = m->be;
+
+    int64_t V = c->vocab_size, H = c->hidden_size;
+    const struct st_tensor *t[1];
+    if (!(t[0] = FIND(&ld, "embed_tokens.weight", V, H))) goto fail;
+    m->embed_tokens = upload_rows(&ld, t, 1);
+    if (!(t[0] = FIND(&ld, "norm.weight", H))) goto fail;
+    m->norm = upload_rows(&ld, t, 1);
+    const struct st_tensor *lm = safetensors_find(&m->st, "lm_head.weight");
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed_tokens;
+        if (lm) ld.seen[lm - m->st.tensors] = 1; /* tied: an lm_head copy is ignored */
+    } else {
+        if (!(t[0] = FIND(&ld, "lm_head.weight", V, H))) goto fail;
+        m->lm_head = upload_rows(&ld, t, 1);
+    }
+
+    m->layers = xcalloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (load_layer(&ld, l) < 0) goto fail;
+        progress(m, l + 1, c->num_hidden_layers);
+    }
+    for (int i = 0; i < m->st.n_tensors; i++) {
+        if (ld.seen[i]) continue;
+        const char *name = m->st.tensors[i].name;
+        if (!is_skipped_name(name)) {
+            error_set(err, "%s: tensor %s: not part of a %d-layer Qwen3.5 text model (config and "
+                           "weights disagree?)",
+                      m->st.files[m->st.tensors[i].file].path, name, c->num_hidden_layers);
+            goto fail;
+        }
+        m->n_skipped++;
+    }
+
+    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    int mix_rows = c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads;
+    if (2 * nH * hd + 2 * nKV * hd > mix_rows) mix_rows = 2 * nH * hd + 2 * nKV * hd;
+    int mix_out = c->value_dim > nH * hd ? c->value_dim : nH * hd;
+    size_t T = (size_t)m->max_T;
+    m->h = be->ops->alloc(be, T * H * 2);
+    m->proj = be->ops->alloc(be, T * mix_rows * 2);
+    m->mix = be->ops->alloc(be, T * mix_out * 2);
+    m->mlp = be->ops->alloc(be, T * c->intermediate_size * 2);
+    m->logits = be->ops->alloc(be, (size_t)LOGITS_ROWS * V * 2);
+    m->ids = be->ops->alloc(be, T * sizeof(int32_t));
+    m->pos_dev = be->ops->alloc(be, sizeof(int32_t));
+    m->argmax = be->ops->alloc(be, sizeof(int32_t));
+    free(ld.seen);
+    safetensors_close(&m->st); /* every weight is on the backend now */
+    memset(&m->st, 0, sizeof m->st);
+    return m;
+
+fail:
+    free(ld.seen);
+    model_free(m);
+    return NULL;
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    struct backend *be = m->be;
+    if (be) {
+        /* every buffer was allocated on this backend; destroying it releases them all only on
+         * backends that track allocations, so free them one by one */
+        void *bufs[] = {m->embed_tokens, m->norm, m->h, m->proj, m->mix, m->mlp,
+                        m->logits, m->ids, m->pos_dev, m->argmax};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]) be->ops->free(be, bufs[i]);
+        if (m->lm_head && m->lm_head != m->embed_tokens) be->ops->free(be, m->lm_head);
+        for (int l = 0; m->layers && l < m->config.num_hidden_layers; l++) {
+            struct layer *L = &m->layers[l];
+            void *lb[] = {L->input_layernorm, L->post_attention_layernorm, L->w_mix, L->w_out,
+                          L->w_gate_up, L->w_down, L->q_norm, L->k_norm, L->k_cache, L->v_cache,
+                          L->conv_w, L->A_log, L->dt_bias, L->norm_w, L->conv_state, L->state};
+            for (size_t i = 0; i < sizeof lb / sizeof *lb; i++)
+                if (lb[i]) be->ops->free(be, lb[i]);
+        }
+        be->ops->destroy(be);
+    }
+    free(m->layers);
+    safetensors_close(&m->st);
+    free(m);
+}
+
+const struct config *model_config(const struct model *m) { return &m->config; }
+struct backend *model_backend(struct model *m) { return m->be; }
+int model_ctx(const struct model *m) { return m->ctx; }
+int model_pos(const struct model *m) { return m->pos; }
+size_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
+int64_t model_n_params(const struct model *m) { return m->n_params; }
+int model_n_skipped(const struct model *m) { return m->n_skipped; }
+
+void model_reset(struct model *m) {
+    const struct config *c = &m->config;
+    struct backend *be = m->be;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        struct layer *L = &m->layers[l];
+        if (L->type == LAYER_FULL_ATTENTION) continue; /* the KV cache is overwritten by position */
+        be->ops->zero(be, L->conv_state,
+                      (size_t)c->conv_dim * c->linear_conv_kernel_dim * sizeof(uint16_t));
+        be->ops->zero(be, L->state, (size_t)c->linear_num_value_heads * c->linear_key_head_dim *
+                                        c->linear_value_head_dim * sizeof(float));
+    }
+    m->pos = 0;
+    m->argmax_valid = 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * forward */
+
+/* Runs T tokens (already in m->ids, position in m->pos_dev) through every layer, leaving the
+ * final residual stream in m->h. HF: Qwen3_5TextModel.forward up to the final norm. */
+static void forward(struct model *m, int T) {
+    const struct config *c = &m->config;
+    struct backend *be = m->be;
+    const struct backend_ops *op = be->ops;
+    int H = c->hidden_size, I = c->intermediate_size;
+    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+
+    op->embed(be, m->h, m->embed_tokens, m->ids, T); /* HF: inputs_embeds = embed_tokens(ids) */
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        struct layer *L = &m->layers[l];
+        if (L->type == LAYER_FULL_ATTENTION) {
+            /* HF: hidden = input_layernorm(residual); q_proj/k_proj/v_proj(hidden) */
+            op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, T,
+                       2 * nH * hd + 2 * nKV * hd, H, 0);
+            /* HF: q/k norm, rope, cache update, attention, * sigmoid(gate) */
+            op->attention(be, m->mix, m->proj, L->q_norm, L->k_norm, L->k_cache, L->v_cache,
+                          m->pos_dev, T);
+            /* HF: residual + o_proj(attn_output) */
+            op->matmul(be, m->h, m->mix, NULL, L->w_out, T, H, nH * hd, 1);
+        } else {
+            /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(residual) */
+            op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, T,
+                       c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads, H, 0);
+            /* HF: conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z) */
+            op->gdn(be, m->mix, m->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->norm_w,
+                    L->state, T);
+            /* HF: residual + out_proj(core_attn_out) */
+            op->matmul(be, m->h, m->mix, NULL, L->w_out, T, H, c->value_dim, 1);
+        }
+        /* HF: residual + mlp(post_attention_layernorm(residual)) */
+        op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, T, I, H);
+        op->matmul(be, m->h, m->mlp, NULL, L->w_down, T, H, I, 1);
+    }
+}
+
+/* logits of `rows` consecutive rows of m->h starting at `row`. HF: lm_head(norm(hidden)) */
+static void logits_rows(struct model *m, int row, int rows) {
+    const struct config *c = &m->config;
+    m->be->ops->matmul(m->be, m->logits, m->h + (size_t)row * c->hidden_size, m->norm, m->lm_head,
+                       rows, c->vocab_size, c->hidden_size, 0);
+}
+
+int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
+                  struct error *err) {
+    const struct config *c = &m->config;
+    struct backend *be = m->be;
+    if (n <= 0) return error_set(err, "empty prompt");
+    if (m->pos + n > m->ctx)
+        return error_set(err, "prompt of %d tokens does not fit the context: %d of %d positions "
+                              "used", n, m->pos, m->ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return error_set(err, "token id %d at prompt position %d is outside the vocabulary "
+                                  "(%d)", ids[i], i, c->vocab_size);
+    uint16_t *tmp = all_logits ? xmalloc((size_t)LOGITS_ROWS * c->vocab_size * 2) : NULL;
+    for (int done = 0; done < n;) {
+        int T = n - done < m->max_T ? n - done : m->max_T;
+        int32_t pos = m->pos;
+        be->ops->upload(be, m->ids, ids + done, (size_t)T * sizeof(int32_t));
+        be->ops->upload(be, m->pos_dev, &pos, sizeof pos);
+        forward(m, T);
+        if (all_logits) {
+            for (int r = 0; r < T; r += LOGITS_ROWS) {
+                int rows = T - r < LOGITS_ROWS ? T - r : LOGITS_ROWS;
+                logits_rows(m, r, rows);
+                be->ops->download(be, tmp, m->logits, (size_t)rows * c->vocab_size * 2);
+                for (size_t i = 0; i < (size_t)rows * c->vocab_size; i++)
+                    all_logits[(size_t)(done + r) * c->vocab_size + i] = bf16_to_f32(tmp[i]);
+            }
+        }
+        m->pos += T;
+        done += T;
+        if (done == n) logits_rows(m, T - 1, 1);
+    }
+    free(tmp);
+    m->argmax_valid = 0;
+    return 0;
+}
+
+int model_step(struct model *m, int32_t token) {
+    const struct config *c = &m->config;
+    struct backend *be = m->be;
+    if (m->pos >= m->ctx) return -1;
+    CHECK(token >= 0 && token < c->vocab_size);
+    int32_t pos = m->pos;
+    be->ops->upload(be, m->ids, &token, sizeof token);
+    be->ops->upload(be, m->pos_dev, &pos, sizeof pos);
+    if (!be->ops->graph_replay(be, GRAPH_STEP)) {
+        be->ops->graph_begin(be, GRAPH_STEP);
+        forward(m, 1);
+        logits_rows(m, 0, 1);
+        be->ops->argmax(be, m->argmax, m->logits, c->vocab_size);
+        be->ops->graph_end(be, GRAPH_STEP);
+    }
+    m->pos++;
+    m->argmax_valid = 1;
+    return 0;
+}
+
+int32_t model_argmax(struct model *m) {
+    struct backend *be = m->be;
+    if (!m->argmax_valid) {
+        be->ops->argmax(be, m->argmax, m->logits, m->config.vocab_size);
+        m->argmax_valid = 1;
+    }
+    int32_t id;
+    be->ops->download(be, &id, m->argmax, sizeof id);
+    return id;
+}
+
+void model_logits(struct model *m, float *out) {
+    int V = m->config.vocab_size;
+    uint16_t *tmp = xmalloc((size_t)V * 2);
+    m->be->ops->download(m->be, tmp, m->logits, (size_t)V * 2);
+    for (int i = 0; i < V; i++) out[i] = bf16_to_f32(tmp[i]);
+    free(tmp);
+}
+
+void model_gdn_state(struct model *m, int layer, float *conv, float *recurrent) {
+    const struct config *c = &m->config;
+    CHECK(layer >= 0 && layer < c->num_hidden_layers);
+    struct layer *L = &m->layers[layer];
+    CHECK(L->type == LAYER_LINEAR_ATTENTION);
+    struct backend *be = m->be;
+    if (conv) {
+        size_t n = (size_t)c->conv_dim * c->linear_conv_kernel_dim;
+        uint16_t *tmp = xmalloc(n * 2);
+        be->ops->download(be, tmp, L->conv_state, n * 2);
+        for (size_t i = 0; i < n; i++) conv[i] = bf16_to_f32(tmp[i]);
+        free(tmp);
+    }
+    if (recurrent)
+        be->ops->download(be, recurrent, L->state, (size_t)c->linear_num_value_heads *
+                                                       c->linear_key_head_dim *
+                                                       c->linear_value_head_dim * sizeof(float));
+}

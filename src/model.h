@@ -1,0 +1,60 @@
+/* model.h - a loaded Qwen3.5 text model with its per-sequence state (KV cache for the
+ * full-attention layers, conv + recurrent state for the Gated DeltaNet layers), running on one
+ * backend. Only model.c knows the layer order. */
+#ifndef STRATA_MODEL_H
+#define STRATA_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "safetensors.h"
+
+enum backend_kind { BACKEND_AUTO = 0, BACKEND_CPU, BACKEND_CUDA };
+
+struct model_options {
+    enum backend_kind backend;
+    int ctx;        /* context length (positions); 0: min(max_position_embeddings, 4096) */
+    int n_threads;  /* CPU threads; 0: default */
+    int max_T;      /* tokens per prefill chunk; 0: default 512 */
+    int quiet;      /* no progress output */
+};
+
+struct model;
+
+/* Loads config.json + safetensors from `dir`, validates every tensor, uploads the weights. */
+struct model *model_load(const char *dir, const struct model_options *opt, struct error *err);
+void model_free(struct model *m);
+
+const struct config *model_config(const struct model *m);
+struct backend *model_backend(struct model *m);
+int model_ctx(const struct model *m);      /* positions available */
+int model_pos(const struct model *m);      /* tokens in the state so far */
+size_t model_weight_bytes(const struct model *m);
+int64_t model_n_params(const struct model *m);
+int model_n_skipped(const struct model *m); /* vision / mtp tensors ignored at load */
+
+/* Forgets the sequence: position 0, zero states. */
+void model_reset(struct model *m);
+
+/* Feeds n tokens (any n >= 1, split into chunks internally) and computes the logits of the
+ * last one. Fails (-1, err) if pos + n exceeds the context. If all_logits is non-NULL it
+ * receives the logits of every position as float (n, vocab_size). */
+int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
+                  struct error *err);
+
+/* Feeds one token and computes its logits. -1 if the context is full. */
+int model_step(struct model *m, int32_t token);
+
+/* Greedy choice over the current logits (on the backend). */
+int32_t model_argmax(struct model *m);
+
+/* Copies the current logits as float (vocab_size,). */
+void model_logits(struct model *m, float *out);
+
+/* Copies the states of linear-attention layer `layer` (a model layer index):
+ * conv (conv_dim, K) as float, recurrent (Hv, dk, dv) float. Either may be NULL. */
+void model_gdn_state(struct model *m, int layer, float *conv, float *recurrent);
+
+#endif
