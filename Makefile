@@ -10,10 +10,10 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ( [ -x /usr/local/cuda/bin/nvc
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 BUILD   ?= build
 OPT     ?= -O3 -march=x86-64-v3
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter $(OPT) -g -fopenmp -Isrc
-LDLIBS  += -ljansson -lpcre2-8 -lmicrohttpd -lm -lpthread
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(OPT) -g -fopenmp -Isrc
+LDLIBS  += -ljansson -lpcre2-8 -lunistring -lmicrohttpd -lm -lpthread
 LDFLAGS += -fopenmp
-NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Isrc --expt-relaxed-constexpr
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Wextra -Isrc --expt-relaxed-constexpr
 
 SRC      := $(wildcard src/*.c src/cpu/*.c)
 MAIN_SRC := src/main.c

@@ -88,14 +88,25 @@ static void *cpu_alloc(struct backend *be, size_t bytes) {
     (void)be;
     return xcalloc(1, bytes);
 }
-static void cpu_free(struct backend *be, void *p) { free(p); }
+static void cpu_free(struct backend *be, void *p) {
+    (void)be;
+    free(p);
+}
 static void cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
     memcpy(dst, src, bytes);
 }
-static void cpu_zero(struct backend *be, void *dst, size_t bytes) { memset(dst, 0, bytes); }
-static void cpu_sync(struct backend *be) {}
-static int cpu_graph_replay(struct backend *be, int key) { return 0; }
-static void cpu_graph_mark(struct backend *be, int key) {}
+static void cpu_zero(struct backend *be, void *dst, size_t bytes) {
+    (void)be;
+    memset(dst, 0, bytes);
+}
+static void cpu_sync(struct backend *be) { (void)be; }
+/* no graphs on the CPU: ops always run directly */
+static int cpu_graph_replay(struct backend *be, int key) {
+    (void)be, (void)key;
+    return 0;
+}
+static void cpu_graph_mark(struct backend *be, int key) { (void)be, (void)key; }
 
 /* ---------------------------------------------------------------------------------------------
  * ops */
@@ -310,6 +321,7 @@ static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uin
 }
 
 static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n) {
+    (void)be;
     int best = 0;
     float bv = bf16_to_f32(x[0]);
     for (int i = 1; i < n; i++) {
