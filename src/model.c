@@ -80,19 +80,25 @@ static int shape_str(char *buf, size_t cap, const int64_t *shape, int ndim) {
 }
 
 /* Finds `name` (after the language-model prefix, or top level when name starts with "lm_head")
- * and checks its dtype and shape exactly. allow_f32: the tensor may be F32 instead of BF16. */
-static const struct st_tensor *find_tensor(struct loader *ld, const char *name, int ndim,
-                                           const int64_t *shape, int allow_f32) {
+ * and checks its dtype and shape exactly. `dims` names the config fields behind the shape, for the
+ * message. allow_f32: the tensor may be F32 instead of BF16 (A_log, dt_bias, gated norm). */
+static const struct st_tensor *find_tensor(struct loader *ld, const char *name, const char *dims,
+                                           int ndim, const int64_t *shape, int allow_f32) {
     char full[512];
     if (strncmp(name, "lm_head", 7) == 0)
         snprintf(full, sizeof full, "%s", name);
     else
         snprintf(full, sizeof full, "%s%s", ld->m->prefix, name);
     const struct st_tensor *t = safetensors_find(&ld->m->st, full);
+    const char *want_dtype = allow_f32 ? "BF16 or F32" : "BF16";
     char want[128], got[128];
     shape_str(want, sizeof want, shape, ndim);
     if (!t) {
-        error_set(ld->err, "%s: tensor %s: missing (expected shape %s bf16)", ld->dir, full, want);
+        const struct safetensors *st = &ld->m->st;
+        error_set(ld->err, "%s%s: tensor %s: missing (expected shape %s %s %s)",
+                  st->n_files == 1 ? st->files[0].path : ld->dir,
+                  st->n_files == 1 ? "" : "/model.safetensors.index.json", full, want, dims,
+                  want_dtype);
         return NULL;
     }
     const char *file = ld->m->st.files[t->file].path;
@@ -101,8 +107,8 @@ static const struct st_tensor *find_tensor(struct loader *ld, const char *name, 
     for (int i = 0; shape_ok && i < ndim; i++) shape_ok = t->shape[i] == shape[i];
     int dtype_ok = t->dtype == ST_BF16 || (allow_f32 && t->dtype == ST_F32);
     if (!shape_ok || !dtype_ok) {
-        error_set(ld->err, "%s: tensor %s: expected shape %s %s, found %s %s", file, full, want,
-                  allow_f32 ? "bf16 or f32" : "bf16", got, st_dtype_name(t->dtype));
+        error_set(ld->err, "%s: tensor %s: expected shape %s %s %s, found %s %s", file, full, want,
+                  dims, want_dtype, got, st_dtype_name(t->dtype));
         return NULL;
     }
     ld->seen[t - ld->m->st.tensors] = 1;
@@ -148,8 +154,10 @@ static float *upload_vec_f32(struct loader *ld, const struct st_tensor *t, int n
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define NDIM(...) ((int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-#define FIND(ld, name, ...) find_tensor(ld, name, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), 0)
-#define FIND_F32(ld, name, ...) find_tensor(ld, name, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), 1)
+#define FIND(ld, name, dims, ...)                                                              \
+    find_tensor(ld, name, dims, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), 0)
+#define FIND_F32(ld, name, dims, ...)                                                          \
+    find_tensor(ld, name, dims, NDIM(__VA_ARGS__), SHAPE(__VA_ARGS__), 1)
 
 static void progress(struct model *m, int done, int total) {
     if (m->quiet || m->weight_bytes < ((size_t)256 << 20)) return;
@@ -170,28 +178,28 @@ static int load_layer(struct loader *ld, int l) {
     L->type = c->layer_types[l];
 
 #define NAME(suffix) (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), n)
-    if (!(t[0] = FIND(ld, NAME("input_layernorm.weight"), H))) return -1;
+    if (!(t[0] = FIND(ld, NAME("input_layernorm.weight"), "(hidden_size)", H))) return -1;
     L->input_layernorm = upload_rows(ld, t, 1);
-    if (!(t[0] = FIND(ld, NAME("post_attention_layernorm.weight"), H))) return -1;
+    if (!(t[0] = FIND(ld, NAME("post_attention_layernorm.weight"), "(hidden_size)", H))) return -1;
     L->post_attention_layernorm = upload_rows(ld, t, 1);
-    if (!(t[0] = FIND(ld, NAME("mlp.gate_proj.weight"), I, H))) return -1;
-    if (!(t[1] = FIND(ld, NAME("mlp.up_proj.weight"), I, H))) return -1;
+    if (!(t[0] = FIND(ld, NAME("mlp.gate_proj.weight"), "(intermediate_size, hidden_size)", I, H))) return -1;
+    if (!(t[1] = FIND(ld, NAME("mlp.up_proj.weight"), "(intermediate_size, hidden_size)", I, H))) return -1;
     L->w_gate_up = upload_rows(ld, t, 2);
-    if (!(t[0] = FIND(ld, NAME("mlp.down_proj.weight"), H, I))) return -1;
+    if (!(t[0] = FIND(ld, NAME("mlp.down_proj.weight"), "(hidden_size, intermediate_size)", H, I))) return -1;
     L->w_down = upload_rows(ld, t, 1);
 
     struct backend *be = m->be;
     if (L->type == LAYER_FULL_ATTENTION) {
         int64_t nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
-        if (!(t[0] = FIND(ld, NAME("self_attn.q_proj.weight"), 2 * nH * hd, H))) return -1;
-        if (!(t[1] = FIND(ld, NAME("self_attn.k_proj.weight"), nKV * hd, H))) return -1;
-        if (!(t[2] = FIND(ld, NAME("self_attn.v_proj.weight"), nKV * hd, H))) return -1;
+        if (!(t[0] = FIND(ld, NAME("self_attn.q_proj.weight"), "(2 num_attention_heads head_dim, hidden_size)", 2 * nH * hd, H))) return -1;
+        if (!(t[1] = FIND(ld, NAME("self_attn.k_proj.weight"), "(num_key_value_heads head_dim, hidden_size)", nKV * hd, H))) return -1;
+        if (!(t[2] = FIND(ld, NAME("self_attn.v_proj.weight"), "(num_key_value_heads head_dim, hidden_size)", nKV * hd, H))) return -1;
         L->w_mix = upload_rows(ld, t, 3);
-        if (!(t[0] = FIND(ld, NAME("self_attn.o_proj.weight"), H, nH * hd))) return -1;
+        if (!(t[0] = FIND(ld, NAME("self_attn.o_proj.weight"), "(hidden_size, num_attention_heads head_dim)", H, nH * hd))) return -1;
         L->w_out = upload_rows(ld, t, 1);
-        if (!(t[0] = FIND(ld, NAME("self_attn.q_norm.weight"), hd))) return -1;
+        if (!(t[0] = FIND(ld, NAME("self_attn.q_norm.weight"), "(head_dim)", hd))) return -1;
         L->q_norm = upload_rows(ld, t, 1);
-        if (!(t[0] = FIND(ld, NAME("self_attn.k_norm.weight"), hd))) return -1;
+        if (!(t[0] = FIND(ld, NAME("self_attn.k_norm.weight"), "(head_dim)", hd))) return -1;
         L->k_norm = upload_rows(ld, t, 1);
         size_t kv_bytes = (size_t)nKV * m->ctx * hd * sizeof(uint16_t);
         L->k_cache = be->ops->alloc(be, kv_bytes);
@@ -199,20 +207,20 @@ static int load_layer(struct loader *ld, int l) {
     } else {
         int64_t Hv = c->linear_num_value_heads, K = c->linear_conv_kernel_dim;
         int64_t conv_dim = c->conv_dim, value_dim = c->value_dim;
-        if (!(t[0] = FIND(ld, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, H))) return -1;
-        if (!(t[1] = FIND(ld, NAME("linear_attn.in_proj_z.weight"), value_dim, H))) return -1;
-        if (!(t[2] = FIND(ld, NAME("linear_attn.in_proj_b.weight"), Hv, H))) return -1;
-        if (!(t[3] = FIND(ld, NAME("linear_attn.in_proj_a.weight"), Hv, H))) return -1;
+        if (!(t[0] = FIND(ld, NAME("linear_attn.in_proj_qkv.weight"), "(2 key_dim + value_dim, hidden_size)", conv_dim, H))) return -1;
+        if (!(t[1] = FIND(ld, NAME("linear_attn.in_proj_z.weight"), "(value_dim, hidden_size)", value_dim, H))) return -1;
+        if (!(t[2] = FIND(ld, NAME("linear_attn.in_proj_b.weight"), "(linear_num_value_heads, hidden_size)", Hv, H))) return -1;
+        if (!(t[3] = FIND(ld, NAME("linear_attn.in_proj_a.weight"), "(linear_num_value_heads, hidden_size)", Hv, H))) return -1;
         L->w_mix = upload_rows(ld, t, 4);
-        if (!(t[0] = FIND(ld, NAME("linear_attn.out_proj.weight"), H, value_dim))) return -1;
+        if (!(t[0] = FIND(ld, NAME("linear_attn.out_proj.weight"), "(hidden_size, value_dim)", H, value_dim))) return -1;
         L->w_out = upload_rows(ld, t, 1);
-        if (!(t[0] = FIND(ld, NAME("linear_attn.conv1d.weight"), conv_dim, 1, K))) return -1;
+        if (!(t[0] = FIND(ld, NAME("linear_attn.conv1d.weight"), "(conv_dim, 1, linear_conv_kernel_dim)", conv_dim, 1, K))) return -1;
         L->conv_w = upload_rows(ld, t, 1);
-        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.A_log"), Hv))) return -1;
+        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.A_log"), "(linear_num_value_heads)", Hv))) return -1;
         L->A_log = upload_vec_f32(ld, t[0], (int)Hv);
-        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.dt_bias"), Hv))) return -1;
+        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.dt_bias"), "(linear_num_value_heads)", Hv))) return -1;
         L->dt_bias = upload_vec_f32(ld, t[0], (int)Hv);
-        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.norm.weight"), c->linear_value_head_dim)))
+        if (!(t[0] = FIND_F32(ld, NAME("linear_attn.norm.weight"), "(linear_value_head_dim)", c->linear_value_head_dim)))
             return -1;
         L->norm_w = upload_vec_f32(ld, t[0], c->linear_value_head_dim);
         L->conv_state = be->ops->alloc(be, (size_t)conv_dim * K * sizeof(uint16_t));
@@ -271,16 +279,16 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
 
     int64_t V = c->vocab_size, H = c->hidden_size;
     const struct st_tensor *t[1];
-    if (!(t[0] = FIND(&ld, "embed_tokens.weight", V, H))) goto fail;
+    if (!(t[0] = FIND(&ld, "embed_tokens.weight", "(vocab_size, hidden_size)", V, H))) goto fail;
     m->embed_tokens = upload_rows(&ld, t, 1);
-    if (!(t[0] = FIND(&ld, "norm.weight", H))) goto fail;
+    if (!(t[0] = FIND(&ld, "norm.weight", "(hidden_size)", H))) goto fail;
     m->norm = upload_rows(&ld, t, 1);
     const struct st_tensor *lm = safetensors_find(&m->st, "lm_head.weight");
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed_tokens;
         if (lm) ld.seen[lm - m->st.tensors] = 1; /* tied: an lm_head copy is ignored */
     } else {
-        if (!(t[0] = FIND(&ld, "lm_head.weight", V, H))) goto fail;
+        if (!(t[0] = FIND(&ld, "lm_head.weight", "(vocab_size, hidden_size)", V, H))) goto fail;
         m->lm_head = upload_rows(&ld, t, 1);
     }
 
