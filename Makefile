@@ -11,7 +11,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 BUILD   ?= build
 OPT     ?= -O3 -march=x86-64-v3
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(OPT) -g -fopenmp -Isrc
-LDLIBS  += -ljansson -lpcre2-8 -lunistring -lmicrohttpd -lm -lpthread
+LDLIBS  += -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lm -lpthread
 LDFLAGS += -fopenmp
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Wextra -Isrc --expt-relaxed-constexpr
 

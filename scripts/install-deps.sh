@@ -2,7 +2,7 @@
 # Installs the Debian packages strata needs to build and test (Debian 12). Idempotent: asks
 # apt-get only for what is missing. Run as root (or with sudo available).
 set -euo pipefail
-pkgs=(build-essential pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev libunistring-dev curl python3)
+pkgs=(build-essential pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev libicu-dev curl python3)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
