@@ -3,6 +3,9 @@
 # apt-get only for what is missing. Run as root (or with sudo available).
 set -euo pipefail
 pkgs=(build-essential pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev libicu-dev curl python3)
+# the server tests drive strata with the official openai npm client: Node.js + npm from Debian
+# unless a node is already installed
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -11,4 +14,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     SUDO=; [ "$(id -u)" -ne 0 ] && SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# the openai npm package for tests/server (pinned by its package-lock.json)
+if [ ! -d "$(dirname "$0")/../tests/server/node_modules/openai" ]; then
+    npm ci --prefix "$(dirname "$0")/../tests/server" --no-audit --no-fund --loglevel=error
 fi

@@ -36,6 +36,9 @@ struct backend_ops {
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*zero)(struct backend *be, void *dst, size_t bytes);
     void (*sync)(struct backend *be);
+    /* Bytes of device memory still free for allocations, or 0 when unknown (host memory). May be
+     * NULL. model_load compares it with what the model needs before allocating. */
+    size_t (*mem_free)(struct backend *be);
 
     /* Graphs. graph_replay returns 1 if a graph recorded under `key` was run (the caller skips
      * its ops), else 0: the caller then brackets its ops with graph_begin/graph_end, which

@@ -5,15 +5,21 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
+#include "chat.h"
 #include "cli.h"
+#include "engine.h"
 #include "model.h"
+#include "tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: strata <command> [options]\n"
             "commands:\n"
             "  serve     OpenAI-compatible HTTP server (default: the bundled demo model)\n"
-            "  run       generate: strata run [--model DIR] --prompt-ids \"1 2 3\" [-n 32]\n"
+            "  run       generate: strata run [--model DIR] (--prompt TEXT [--chat] | --prompt-ids \"1 2 3\")\n"
+            "            [-n 32] [--temp T] [--seed S]\n"
             "  bench     llama-bench style measurements: strata bench --model DIR\n"
             "  info      config, parameter count, memory: strata info [--model DIR]\n"
             "  tokenize  text on stdin -> ids (or --decode ids -> text)\n"
@@ -70,15 +76,82 @@ static int parse_ids(const char *s, int32_t **ids_out, int *n_out) {
     return 0;
 }
 
+/* Streams generated text to stdout as the engine releases it. */
+static int run_emit(void *user, const struct engine_event *ev) {
+    (void)user;
+    if (ev->len) {
+        fwrite(ev->text, 1, ev->len, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* --prompt TEXT: tokenize (after rendering it as one user message with --chat), generate with
+ * the engine (sampling, EOS, streaming detokenization), print text as it streams. */
+static int run_text(struct model *m, const char *dir, const char *prompt, int chat, int n_gen,
+                    const struct sampler_params *sp) {
+    char path[4096];
+    struct error err;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct tokenizer *tok = tokenizer_load(path, &err);
+    if (!tok) {
+        fprintf(stderr, "strata run: %s\n", err.msg);
+        return 1;
+    }
+    char *text = NULL;
+    int rc = 1;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    struct engine *e = NULL;
+    if (chat) {
+        struct chat_template tpl;
+        if (chat_template_load(&tpl, dir, &err) < 0) goto fail;
+        json_t *req = json_pack("{s:[{s:s,s:s}]}", "messages", "role", "user", "content", prompt);
+        int r = chat_render(&tpl, req, &text, &err);
+        json_decref(req);
+        if (r < 0) goto fail;
+    } else {
+        text = xstrdup(prompt);
+    }
+    if (tokenizer_encode(tok, text, strlen(text), &ids, &n_ids, &err) < 0) goto fail;
+    e = engine_create(m, tok);
+    struct engine_request req = {.prompt = ids, .n_prompt = n_ids, .max_tokens = n_gen,
+                                 .sampling = *sp, .emit = run_emit};
+    struct engine_result res;
+    if (engine_generate(e, &req, &res, &err) < 0) goto fail;
+    printf("\n");
+    fprintf(stderr,
+            "backend %s | prompt %d tokens, prefill %.2f ms (%.1f tok/s) | generated %d tokens, "
+            "decode %.2f tok/s | finish: %s\n",
+            model_backend(m)->ops->name, res.timings.prompt_n, res.timings.prompt_ms,
+            res.timings.prompt_per_second, res.timings.predicted_n,
+            res.timings.predicted_per_second, engine_finish_name(res.finish));
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "strata run: %s\n", err.msg);
+    if (e) engine_free(e);
+    free(ids);
+    free(text);
+    tokenizer_free(tok);
+    return rc;
+}
+
 int cmd_run(int argc, char **argv) {
-    const char *dir = NULL, *prompt_ids = NULL;
-    int n_gen = 32;
+    const char *dir = NULL, *prompt_ids = NULL, *prompt = NULL;
+    int n_gen = 32, chat = 0;
     struct model_options opt = {0};
+    struct sampler_params sp;
+    sampler_params_default(&sp);
+    sp.temperature = 0; /* greedy unless --temp is given */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--model") && v) dir = v, i++;
         else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
+        else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
+        else if (!strcmp(a, "--chat")) chat = 1;
         else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v) n_gen = atoi(v), i++;
+        else if (!strcmp(a, "--temp") && v) sp.temperature = (float)atof(v), i++;
+        else if (!strcmp(a, "--seed") && v) sp.seed = strtoull(v, NULL, 10), i++;
         else if (!strcmp(a, "--ctx") && v) opt.ctx = atoi(v), i++;
         else if (!strcmp(a, "--threads") && v) opt.n_threads = atoi(v), i++;
         else if (!strcmp(a, "--backend") && v) {
@@ -93,14 +166,19 @@ int cmd_run(int argc, char **argv) {
         }
     }
     if (!dir) dir = cli_default_model_dir();
-    if (!prompt_ids) {
-        fprintf(stderr, "strata run: give --prompt-ids \"1 2 3\"\n");
+    if (!prompt_ids == !prompt) {
+        fprintf(stderr, "strata run: give either --prompt TEXT or --prompt-ids \"1 2 3\"\n");
         return 2;
     }
-    int32_t *ids;
-    int n_ids;
-    if (parse_ids(prompt_ids, &ids, &n_ids) < 0 || n_ids == 0) {
+    if (n_gen < 1) {
+        fprintf(stderr, "strata run: -n must be at least 1\n");
+        return 2;
+    }
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (prompt_ids && (parse_ids(prompt_ids, &ids, &n_ids) < 0 || n_ids == 0)) {
         fprintf(stderr, "strata run: --prompt-ids must be non-negative integers\n");
+        free(ids);
         return 2;
     }
     struct error err;
@@ -110,6 +188,12 @@ int cmd_run(int argc, char **argv) {
         free(ids);
         return 1;
     }
+    if (prompt) {
+        int rc = run_text(m, dir, prompt, chat, n_gen, &sp);
+        model_free(m);
+        return rc;
+    }
+    /* --prompt-ids: greedy on the backend, ids out */
     double t0 = now_ms();
     if (model_prefill(m, ids, n_ids, NULL, &err) < 0) {
         fprintf(stderr, "strata run: %s\n", err.msg);
@@ -120,11 +204,10 @@ int cmd_run(int argc, char **argv) {
     int32_t tok = model_argmax(m);
     double t1 = now_ms();
     const struct config *c = model_config(m);
-    int n_done = 0;
     const char *finish = "length";
     printf("%d", tok);
     fflush(stdout);
-    n_done = 1;
+    int n_done = 1;
     while (n_done < n_gen) {
         int is_eos = 0;
         for (int e = 0; e < c->n_eos_token_id; e++) is_eos |= tok == c->eos_token_id[e];
@@ -214,6 +297,10 @@ struct command {
 static const struct command commands[] = {
     {"run", cmd_run},
     {"info", cmd_info},
+    {"render", cmd_render},
+    {"tokenize", cmd_tokenize},
+    {"serve", cmd_serve},
+    {"bench", cmd_bench},
 };
 
 int main(int argc, char **argv) {

@@ -236,6 +236,31 @@ static int is_skipped_name(const char *name) {
            strncmp(name, "visual.", 7) == 0;
 }
 
+/* Device memory the model will take: weights (as in the checkpoint, minus skipped tensors), KV
+ * cache for ctx positions, DeltaNet states, activations for max_T tokens (a slight over-estimate:
+ * the backend's own scratch is not included). Fails with bytes needed vs free when it cannot fit. */
+static int check_memory(struct model *m, const char *dir, struct error *err) {
+    struct backend *be = m->be;
+    size_t avail = be->ops->mem_free ? be->ops->mem_free(be) : 0;
+    if (!avail) return 0;
+    const struct config *c = &m->config;
+    size_t need = 0;
+    for (int i = 0; i < m->st.n_tensors; i++)
+        if (!is_skipped_name(m->st.tensors[i].name)) need += m->st.tensors[i].nbytes;
+    need += (size_t)2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2 * m->ctx;
+    need += (size_t)c->n_linear_layers *
+            ((size_t)c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim *
+                 4 + (size_t)c->conv_dim * c->linear_conv_kernel_dim * 2);
+    need += (size_t)m->max_T * 2 * (c->hidden_size + c->conv_dim + c->value_dim +
+                                     c->intermediate_size + 2 * c->num_attention_heads * c->head_dim);
+    if (need > avail)
+        return error_set(err, "%s: not enough %s memory for a %d-token context: the model needs "
+                              "%.2f GiB (weights, KV cache, states, activations), %.2f GiB free; "
+                              "try a smaller --ctx",
+                         dir, be->ops->name, m->ctx, need / 1073741824.0, avail / 1073741824.0);
+    return 0;
+}
+
 struct model *model_load(const char *dir, const struct model_options *opt, struct error *err) {
     struct model_options defaults = {0};
     if (!opt) opt = &defaults;
@@ -263,19 +288,26 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
                   max_pos);
         goto fail;
     }
-    m->max_T = opt->max_T > 0 ? opt->max_T : 512;
-
+    /* Tokens per forward call. On the GPU a prompt of up to 8192 tokens is one call, so the
+     * launch count of a prefill does not grow with its length; the CPU gains nothing from more
+     * than 512 rows at a time. */
     enum backend_kind kind = opt->backend;
     if (kind == BACKEND_CUDA || kind == BACKEND_AUTO) {
         struct error cuda_err = {{0}};
+        m->max_T = opt->max_T > 0 ? opt->max_T : (m->ctx < 8192 ? m->ctx : 8192);
         m->be = backend_cuda_create(c, m->ctx, m->max_T, &cuda_err);
         if (!m->be && kind == BACKEND_CUDA) {
             error_set(err, "cuda backend: %s", cuda_err.msg);
             goto fail;
         }
     }
-    if (!m->be) m->be = backend_cpu_create(c, m->ctx, m->max_T, opt->n_threads);
+    if (!m->be) {
+        m->max_T = opt->max_T > 0 ? opt->max_T : 512;
+        m->be = backend_cpu_create(c, m->ctx, m->max_T, opt->n_threads);
+    }
     struct backend *be = m->be;
+
+    if (check_memory(m, dir, err) < 0) goto fail;
 
     int64_t V = c->vocab_size, H = c->hidden_size;
     const struct st_tensor *t[1];

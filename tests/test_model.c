@@ -80,7 +80,7 @@ static double rel_l2(const float *a, const float *b, size_t n) {
 }
 
 static void test_fixture(const char *name) {
-    char dir[300], path[400];
+    char dir[4200], path[4300];
     snprintf(dir, sizeof dir, FIXTURES "/%s", name);
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     struct error err;

@@ -1,0 +1,250 @@
+/* bench.c - `strata bench --model DIR`: llama-bench style measurements of one model on one
+ * backend. Prefill pp512 (tokens/s), decode tg128 (tokens/s, each step = one graph replay plus
+ * the 4-byte read of the chosen id), engine time-to-first-token for a 54-token prompt, decode
+ * speed in 50-token windows up to 350 tokens and at 8k and 32k tokens of context, weight bytes
+ * read per decode token against the measured copy bandwidth, kernel launches per decode step and
+ * per prefill, and the per-op time of one decode step. Random token ids (seeded): speed does not
+ * depend on what the tokens say. Prints a markdown table last. It does not measure through the
+ * HTTP server. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "engine.h"
+#include "model.h"
+#ifdef STRATA_CUDA
+#include "cuda/cuda.h"
+#endif
+
+#define BENCH_GRAPH_STEP 1 /* model.c's key for the decode-step graph */
+
+static uint64_t bench_rng = 0x2545f4914f6cdd1dull;
+static void random_ids(int32_t *ids, int n, int vocab) {
+    int lim = vocab < 248000 ? vocab : 248000;
+    for (int i = 0; i < n; i++) {
+        bench_rng = bench_rng * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((bench_rng >> 33) % (uint64_t)lim);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int __attribute__((unused)) is_cuda(struct model *m) { return strcmp(model_backend(m)->ops->name, "cuda") == 0; }
+static long launches(struct model *m) {
+#ifdef STRATA_CUDA
+    if (is_cuda(m)) return backend_cuda_launches(model_backend(m));
+#endif
+    (void)m;
+    return -1;
+}
+
+/* Prefills n random tokens from the current position (after a reset if `reset`); returns ms. */
+static double time_prefill(struct model *m, int n, int reset, struct error *err) {
+    int32_t *ids = xmalloc((size_t)n * sizeof *ids);
+    random_ids(ids, n, model_config(m)->vocab_size);
+    if (reset) model_reset(m);
+    struct backend *be = model_backend(m);
+    be->ops->sync(be);
+    double t0 = now_ms();
+    int rc = model_prefill(m, ids, n, NULL, err);
+    be->ops->sync(be);
+    double t = now_ms() - t0;
+    free(ids);
+    return rc == 0 ? t : -1;
+}
+
+/* n greedy decode steps from the current state; returns ms. */
+static double time_steps(struct model *m, int n) {
+    int32_t tok = model_argmax(m);
+    double t0 = now_ms();
+    for (int i = 0; i < n; i++) {
+        if (model_step(m, tok) != 0) return -1;
+        tok = model_argmax(m);
+    }
+    return now_ms() - t0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *dir = NULL;
+    struct model_options opt = {0};
+    int long_ctx = 1, reps = 5;
+    opt.ctx = 33280; /* room for the 32k-context measurement */
+    opt.backend = BACKEND_AUTO;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v) dir = v, i++;
+        else if (!strcmp(a, "--ctx") && v) opt.ctx = atoi(v), i++;
+        else if (!strcmp(a, "--threads") && v) opt.n_threads = atoi(v), i++;
+        else if (!strcmp(a, "--reps") && v) reps = atoi(v), i++;
+        else if (!strcmp(a, "--short")) long_ctx = 0;
+        else if (!strcmp(a, "--backend") && v) {
+            opt.backend = !strcmp(v, "cpu") ? BACKEND_CPU : !strcmp(v, "cuda") ? BACKEND_CUDA
+                                                                               : BACKEND_AUTO;
+            i++;
+        } else {
+            fprintf(stderr, "usage: strata bench [--model DIR] [--backend cpu|cuda] [--ctx N] "
+                            "[--reps N] [--short (no 8k/32k context runs)]\n");
+            return 2;
+        }
+    }
+    if (!dir) dir = cli_default_model_dir();
+    if (reps < 1) reps = 1;
+    if (reps > 32) reps = 32;
+    struct error err = {{0}};
+    struct model *m = model_load(dir, &opt, &err);
+    if (!m && opt.ctx > 4096) { /* a small model: its context may be shorter */
+        opt.ctx = 0;
+        long_ctx = 0;
+        m = model_load(dir, &opt, &err);
+    }
+    if (!m) {
+        fprintf(stderr, "strata bench: %s\n", err.msg);
+        return 1;
+    }
+    const struct config *c = model_config(m);
+    struct backend *be = model_backend(m);
+    int ctx = model_ctx(m);
+    char dev[256] = "cpu";
+    int n_sm = 0;
+    double copy_bw = 0;
+#ifdef STRATA_CUDA
+    if (is_cuda(m)) {
+        backend_cuda_info(be, dev, sizeof dev, &n_sm);
+        copy_bw = backend_cuda_copy_bandwidth(be, (size_t)1 << 30);
+    }
+#endif
+    /* bytes a decode step must read: every weight once; of an untied embedding only one row */
+    double wbytes = (double)model_weight_bytes(m);
+    if (!c->tie_word_embeddings) wbytes -= (double)c->vocab_size * c->hidden_size * 2;
+    fprintf(stderr, "bench: %s on %s (%s), ctx %d, %.2f GB of weights read per token\n", dir,
+            be->ops->name, dev, ctx, wbytes / 1e9);
+
+    /* warm-up: module load, cuBLAS heuristics, graph capture */
+    if (time_prefill(m, 64, 1, &err) < 0 || time_steps(m, 4) < 0) {
+        fprintf(stderr, "strata bench: warm-up failed: %s\n", err.msg);
+        model_free(m);
+        return 1;
+    }
+
+    double v[32];
+    /* pp512 */
+    int pp = ctx >= 512 ? 512 : ctx / 2;
+    for (int r = 0; r < reps; r++) v[r] = time_prefill(m, pp, 1, &err);
+    double pp_ms = median(v, reps);
+    /* launches per prefill */
+    long l0 = launches(m);
+    time_prefill(m, 54, 1, &err);
+    long l54 = launches(m) - l0;
+    long l4k = -1;
+    if (ctx > 4000) {
+        l0 = launches(m);
+        time_prefill(m, 4000, 1, &err);
+        l4k = launches(m) - l0;
+    }
+    /* engine TTFT, 54-token prompt, greedy, one token */
+    struct engine *e = engine_create(m, NULL);
+    int32_t prompt[54];
+    random_ids(prompt, 54, c->vocab_size);
+    for (int r = 0; r < reps; r++) {
+        struct engine_request rq;
+        memset(&rq, 0, sizeof rq);
+        rq.prompt = prompt;
+        rq.n_prompt = 54;
+        rq.max_tokens = 1;
+        sampler_params_default(&rq.sampling);
+        rq.sampling.temperature = 0;
+        rq.ignore_eos = 1;
+        struct engine_result res;
+        if (engine_generate(e, &rq, &res, &err) != 0) {
+            fprintf(stderr, "strata bench: engine: %s\n", err.msg);
+            v[r] = -1;
+        } else {
+            v[r] = res.ttft_ms;
+        }
+    }
+    double ttft_ms = median(v, reps);
+    engine_free(e);
+
+    /* tg128 from a 1-token prompt */
+    for (int r = 0; r < reps && r < 3; r++) {
+        time_prefill(m, 1, 1, &err);
+        v[r] = time_steps(m, 128);
+    }
+    double tg_ms = median(v, reps < 3 ? reps : 3);
+
+    /* 50-token windows to 350 */
+    double win[7];
+    time_prefill(m, 1, 1, &err);
+    for (int w = 0; w < 7; w++) win[w] = time_steps(m, 50);
+
+    /* per-op breakdown of a decode step (ops run one by one with events, no graph) */
+    char *breakdown = NULL;
+    long step_nodes = -1;
+#ifdef STRATA_CUDA
+    size_t breakdown_len = 0;
+    if (is_cuda(m)) {
+        step_nodes = backend_cuda_graph_nodes(be, BENCH_GRAPH_STEP);
+        FILE *f = open_memstream(&breakdown, &breakdown_len);
+        backend_cuda_profile(be, 1);
+        time_steps(m, 3);
+        backend_cuda_profile_report(be, f, 3);
+        backend_cuda_profile(be, 0);
+        fclose(f);
+    }
+#endif
+
+    /* long contexts */
+    double at8k = -1, at32k = -1;
+    if (long_ctx && ctx >= 8192 + 64) {
+        time_prefill(m, 8192 - 1, 1, &err);
+        time_steps(m, 2);
+        at8k = 48 / time_steps(m, 48) * 1000;
+        if (ctx >= 32768 + 64) {
+            time_prefill(m, 32768 - 1 - model_pos(m), 0, &err);
+            time_steps(m, 2);
+            at32k = 48 / time_steps(m, 48) * 1000;
+        }
+    }
+
+    double tg = 128 / tg_ms * 1000;
+    printf("\n### strata bench: %s\n\n", dir);
+    const char *pdl = getenv("STRATA_PDL");
+    printf("backend %s, device %s (%d SMs), context %d, max_T %d, STRATA_PDL=%s\n", be->ops->name,
+           dev, n_sm, ctx, be->max_T, pdl ? pdl : "(unset: on)");
+    if (breakdown) printf("\nper-op time of one decode step at ~350 tokens of context:\n\n%s\n", breakdown);
+    printf("\n| measure | value |\n|---|---|\n");
+    printf("| pp%d prefill | %.0f tok/s (%.2f ms) |\n", pp, pp / pp_ms * 1000, pp_ms);
+    printf("| tg128 decode | %.1f tok/s (%.3f ms/token) |\n", tg, tg_ms / 128);
+    printf("| engine TTFT, 54-token prompt | %.2f ms |\n", ttft_ms);
+    for (int w = 0; w < 7; w++)
+        printf("| decode tokens %d-%d | %.1f tok/s |\n", 1 + 50 * w, 50 * (w + 1), 50 / win[w] * 1000);
+    if (at8k > 0) printf("| decode at 8k context | %.1f tok/s |\n", at8k);
+    if (at32k > 0) printf("| decode at 32k context | %.1f tok/s (%.0f%% of tg128) |\n", at32k,
+                          100 * at32k / tg);
+    printf("| weights read per token | %.3f GB |\n", wbytes / 1e9);
+    if (copy_bw > 0)
+        printf("| bandwidth at tg128 | %.2f TB/s = %.0f%% of measured copy %.2f TB/s (roofline "
+               "%.0f tok/s) |\n",
+               wbytes * tg / 1e12, 100 * wbytes * tg / copy_bw, copy_bw / 1e12, copy_bw / wbytes);
+    if (step_nodes >= 0) printf("| launches per decode step (graph nodes) | %ld |\n", step_nodes);
+    if (l54 >= 0) printf("| launches per prefill, 54 tokens | %ld |\n", l54);
+    if (l4k >= 0)
+        printf("| launches per prefill, 4000 tokens (%d forward call%s of <= %d tokens) | %ld |\n",
+               (4000 + be->max_T - 1) / be->max_T, 4000 > be->max_T ? "s" : "", be->max_T, l4k);
+#ifdef STRATA_CUDA
+    if (is_cuda(m))
+        printf("| CUDA backend scratch (max_T %d, context %d) | %.1f MiB |\n", be->max_T, ctx,
+               backend_cuda_scratch_bytes(be) / 1048576.0);
+#endif
+    free(breakdown);
+    model_free(m);
+    return 0;
+}

@@ -1,0 +1,266 @@
+/* engine.c - a request -> tokens: reset, prefill, then choose / emit / step until a stop
+ * condition. Text goes through the tokenizer's streaming detokenizer (which holds back
+ * incomplete UTF-8) and then a pending buffer that holds back any suffix that could still
+ * become a stop string, so a stop string is never emitted even when it spans tokens.
+ *
+ * Greedy requests without penalties take the token from model_argmax (on the backend: only
+ * 4 bytes cross to the host); everything else downloads the logits and runs the sampler.
+ * Timings follow llama-server (server-context.cpp): prompt_ms covers prefill up to the first
+ * token, predicted_ms the rest, predicted_n counts every generated token. */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer.h"
+
+struct engine {
+    struct model *m;
+    struct tokenizer *tok;
+    int vocab_size;
+    int32_t eos[ENGINE_MAX_EOS];
+    int n_eos;
+    float *logits;  /* (vocab_size,) host copy for the sampler */
+    char *piece;    /* (detok_max_out,) detokenizer output of one token */
+    size_t piece_cap;
+    char *pending;  /* text not yet released (possible stop-string prefix) */
+    size_t pending_len, pending_cap;
+    int prefix_reuse;
+    int32_t *hist;  /* (n_hist,) the tokens the model state holds, in order */
+    int n_hist, cap_hist;
+};
+
+const char *engine_finish_name(enum engine_finish f) {
+    switch (f) {
+    case ENGINE_FINISH_STOP: return "stop";
+    case ENGINE_FINISH_LENGTH: return "length";
+    case ENGINE_FINISH_CANCELLED: return "cancelled";
+    }
+    return "?";
+}
+
+static void add_eos(struct engine *e, int32_t id) {
+    if (id < 0 || id >= e->vocab_size) return;
+    for (int i = 0; i < e->n_eos; i++)
+        if (e->eos[i] == id) return;
+    if (e->n_eos < ENGINE_MAX_EOS) e->eos[e->n_eos++] = id;
+}
+
+struct engine *engine_create(struct model *m, struct tokenizer *tok) {
+    struct engine *e = xcalloc(1, sizeof *e);
+    const struct config *c = model_config(m);
+    e->m = m;
+    e->tok = tok;
+    e->vocab_size = c->vocab_size;
+    for (int i = 0; i < c->n_eos_token_id; i++) add_eos(e, c->eos_token_id[i]);
+    if (tok) {
+        add_eos(e, tokenizer_token_id(tok, "<|im_end|>"));
+        add_eos(e, tokenizer_token_id(tok, "<|endoftext|>"));
+    }
+    e->logits = xmalloc((size_t)e->vocab_size * sizeof *e->logits);
+    e->prefix_reuse = 1;
+    e->cap_hist = model_ctx(m);
+    e->hist = xmalloc((size_t)e->cap_hist * sizeof *e->hist);
+    if (tok) {
+        e->piece_cap = detok_max_out(tok);
+        e->piece = xmalloc(e->piece_cap);
+    }
+    return e;
+}
+
+void engine_free(struct engine *e) {
+    if (!e) return;
+    free(e->logits);
+    free(e->piece);
+    free(e->hist);
+    free(e->pending);
+    free(e);
+}
+
+struct model *engine_model(struct engine *e) { return e->m; }
+
+void engine_set_prefix_reuse(struct engine *e, int on) { e->prefix_reuse = on; }
+
+int engine_n_eos(const struct engine *e, const int32_t **ids) {
+    if (ids) *ids = e->eos;
+    return e->n_eos;
+}
+
+static int is_eos(const struct engine *e, int32_t id) {
+    for (int i = 0; i < e->n_eos; i++)
+        if (e->eos[i] == id) return 1;
+    return 0;
+}
+
+size_t engine_stop_scan(const char *text, size_t len, const char *const *stop, int n_stop,
+                        int *hit) {
+    size_t first = len;
+    *hit = -1;
+    for (int s = 0; s < n_stop; s++) {
+        size_t sl = strlen(stop[s]);
+        if (sl == 0 || sl > len) continue;
+        const char *p = memmem(text, len, stop[s], sl);
+        if (p && (size_t)(p - text) < first) {
+            first = (size_t)(p - text);
+            *hit = s;
+        }
+    }
+    if (*hit >= 0) return first;
+    /* hold back the longest suffix that is a proper prefix of a stop string */
+    size_t hold = 0;
+    for (int s = 0; s < n_stop; s++) {
+        size_t sl = strlen(stop[s]);
+        size_t maxk = sl - 1 < len ? sl - 1 : len;
+        for (size_t k = maxk; k > hold; k--)
+            if (memcmp(text + len - k, stop[s], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return len - hold;
+}
+
+static void pending_append(struct engine *e, const char *s, size_t n) {
+    if (e->pending_len + n + 1 > e->pending_cap) {
+        e->pending_cap = (e->pending_len + n + 1) * 2;
+        e->pending = xrealloc(e->pending, e->pending_cap);
+    }
+    memcpy(e->pending + e->pending_len, s, n);
+    e->pending_len += n;
+}
+
+static void pending_consume(struct engine *e, size_t n) {
+    memmove(e->pending, e->pending + n, e->pending_len - n);
+    e->pending_len -= n;
+}
+
+static int cancelled(const struct engine_request *r) {
+    return r->cancel && atomic_load(r->cancel);
+}
+
+int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,
+                    struct error *err) {
+    memset(res, 0, sizeof *res);
+    res->stop_token = -1;
+    res->stop_index = -1;
+    res->n_prompt = r->n_prompt;
+    const int ctx = model_ctx(e->m);
+    if (r->n_prompt <= 0) return error_set(err, "the prompt is empty");
+    if (r->n_prompt >= ctx)
+        return error_set(err,
+                         "the prompt has %d tokens and does not fit in the context of %d tokens",
+                         r->n_prompt, ctx);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->vocab_size)
+            return error_set(err, "token id %d at prompt position %d is outside the vocabulary "
+                             "(0..%d)", r->prompt[i], i, e->vocab_size - 1);
+    CHECK(r->n_stop >= 0 && r->n_stop <= ENGINE_MAX_STOP);
+    CHECK(r->n_stop == 0 || e->tok);
+
+    double t0 = now_ms();
+    if (cancelled(r)) {
+        res->finish = ENGINE_FINISH_CANCELLED;
+        return 0;
+    }
+
+    struct sampler *smp = sampler_create(e->vocab_size, &r->sampling);
+    sampler_add_prompt(smp, r->prompt, r->n_prompt);
+    const int greedy_plain = sampler_is_greedy_plain(smp);
+    struct detok dt;
+    if (e->tok) {
+        detok_init(&dt, e->tok);
+        dt.skip_special = 1;
+    }
+    e->pending_len = 0;
+
+    int reuse = 0;
+    if (e->prefix_reuse && e->n_hist > 0 && e->n_hist < r->n_prompt &&
+        e->n_hist == model_pos(e->m) &&
+        memcmp(e->hist, r->prompt, (size_t)e->n_hist * sizeof *e->hist) == 0)
+        reuse = e->n_hist;
+    if (!reuse) model_reset(e->m);
+    e->n_hist = 0; /* unknown until the prefill succeeds */
+    if (model_prefill(e->m, r->prompt + reuse, r->n_prompt - reuse, NULL, err) != 0) {
+        sampler_free(smp);
+        return -1;
+    }
+    memcpy(e->hist, r->prompt, (size_t)r->n_prompt * sizeof *e->hist);
+    e->n_hist = r->n_prompt;
+
+    double t1 = 0;
+    int n_gen = 0;
+    enum engine_finish finish = ENGINE_FINISH_LENGTH;
+    for (;;) {
+        int32_t id;
+        if (n_gen < r->n_forced) {
+            id = r->forced[n_gen];
+        } else if (greedy_plain) {
+            id = model_argmax(e->m);
+        } else {
+            model_logits(e->m, e->logits);
+            id = sampler_sample(smp, e->logits);
+        }
+        sampler_accept(smp, id);
+        n_gen++;
+        if (n_gen == 1) {
+            t1 = now_ms();
+            res->ttft_ms = t1 - t0;
+        }
+        if (!r->ignore_eos && is_eos(e, id)) {
+            finish = ENGINE_FINISH_STOP;
+            res->stop_token = id;
+            break;
+        }
+
+        /* text: detokenizer -> pending -> stop scan -> release */
+        size_t release = 0;
+        int hit = -1;
+        if (e->tok) {
+            size_t n = detok_push(&dt, id, e->piece, e->piece_cap);
+            pending_append(e, e->piece, n);
+            release = engine_stop_scan(e->pending, e->pending_len,
+                                       (const char *const *)r->stop, r->n_stop, &hit);
+        }
+        struct engine_event ev = {id, e->pending, release, n_gen};
+        int stop_cb = r->emit ? r->emit(r->user, &ev) : 0;
+        if (hit >= 0) {
+            e->pending_len = 0; /* the stop string and anything after it are dropped */
+            finish = ENGINE_FINISH_STOP;
+            res->stop_index = hit;
+            break;
+        }
+        pending_consume(e, release);
+        if (stop_cb || cancelled(r)) {
+            finish = ENGINE_FINISH_CANCELLED;
+            break;
+        }
+        if (r->max_tokens > 0 && n_gen >= r->max_tokens) break;
+        if (model_pos(e->m) >= ctx || model_step(e->m, id) != 0) break; /* context full */
+        e->hist[e->n_hist++] = id;
+    }
+    double t2 = now_ms();
+
+    /* final flush: incomplete UTF-8 (as U+FFFD) and any held-back stop-string prefix */
+    if (finish != ENGINE_FINISH_CANCELLED) {
+        if (e->tok && res->stop_index < 0) {
+            size_t n = detok_flush(&dt, e->piece, e->piece_cap);
+            pending_append(e, e->piece, n);
+        }
+        struct engine_event ev = {-1, e->pending, e->pending_len, n_gen};
+        if (r->emit) r->emit(r->user, &ev);
+    }
+    e->pending_len = 0;
+    sampler_free(smp);
+
+    res->finish = finish;
+    res->n_generated = n_gen;
+    struct engine_timings *tm = &res->timings;
+    tm->prompt_n = r->n_prompt - reuse;
+    tm->cache_n = reuse;
+    tm->prompt_ms = t1 - t0;
+    tm->prompt_per_second = tm->prompt_ms > 0 ? 1e3 * tm->prompt_n / tm->prompt_ms : 0;
+    tm->predicted_n = n_gen;
+    tm->predicted_ms = t2 - t1;
+    tm->predicted_per_second = tm->predicted_ms > 0 ? 1e3 * n_gen / tm->predicted_ms : 0;
+    return 0;
+}

@@ -1,0 +1,106 @@
+/* engine.h - one request -> tokens on one model: prefill, the decode loop, sampling, stop
+ * conditions (EOS ids, stop strings matched across token boundaries and never emitted,
+ * max_tokens, context full), streaming detokenization and timings with llama-server's names.
+ *
+ * The engine is not thread-safe: one thread owns it (the server's engine thread, or the CLI).
+ * It knows nothing of HTTP or chat formats; the caller sees text through the emit callback. */
+#ifndef STRATA_ENGINE_H
+#define STRATA_ENGINE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "sampler.h"
+#include "util.h"
+
+struct tokenizer;
+
+#define ENGINE_MAX_EOS 16
+#define ENGINE_MAX_STOP 16
+
+enum engine_finish {
+    ENGINE_FINISH_STOP = 0,   /* EOS token or stop string */
+    ENGINE_FINISH_LENGTH,     /* max_tokens reached or context full */
+    ENGINE_FINISH_CANCELLED,  /* the caller asked to stop */
+};
+
+const char *engine_finish_name(enum engine_finish f); /* "stop", "length", "cancelled" */
+
+/* What the emit callback receives, once per generated token and once at the end. */
+struct engine_event {
+    int32_t id;       /* the token; -1 for the final flush after the last token */
+    const char *text; /* bytes released now (may be empty: held back while a UTF-8 sequence
+                         or a possible stop string is incomplete); not NUL-terminated */
+    size_t len;
+    int n_generated;  /* tokens generated so far, this one included */
+};
+
+struct engine_request {
+    const int32_t *prompt; /* (n_prompt,) token ids */
+    int n_prompt;
+    int max_tokens; /* <= 0: until EOS, a stop string or the end of the context */
+    struct sampler_params sampling;
+    const char *stop[ENGINE_MAX_STOP]; /* non-empty UTF-8 stop strings */
+    int n_stop;
+    int ignore_eos;
+    /* Called on the engine's thread; returns non-zero to cancel (finish "cancelled"). */
+    int (*emit)(void *user, const struct engine_event *ev);
+    void *user;
+    const atomic_int *cancel; /* optional: checked before prefill and after every token */
+    /* Teacher forcing (tests, benchmarks): the first n_forced generated tokens are these ids
+     * instead of the sampler's choice; the model still runs every step. */
+    const int32_t *forced;
+    int n_forced;
+};
+
+/* Names and meaning as llama-server's "timings" object. */
+struct engine_timings {
+    int prompt_n;                /* prompt tokens processed (the reused prefix excluded) */
+    int cache_n;                 /* prompt tokens whose state was reused from the last request */
+    double prompt_ms;            /* prefill + choosing the first token */
+    double prompt_per_second;
+    int predicted_n;             /* tokens generated (the first and any EOS included) */
+    double predicted_ms;         /* from the first token to the end */
+    double predicted_per_second; /* predicted_n / predicted_ms, as llama-server */
+};
+
+struct engine_result {
+    enum engine_finish finish;
+    int32_t stop_token;        /* the EOS id that ended it, else -1 */
+    int stop_index;            /* index of the stop string that matched, else -1 */
+    int n_prompt, n_generated; /* usage */
+    double ttft_ms;            /* engine_generate entry -> first token chosen */
+    struct engine_timings timings;
+};
+
+struct engine;
+
+/* tok may be NULL (id-level use: no text, no stop strings). EOS ids: config eos_token_id plus
+ * the tokenizer's <|im_end|> and <|endoftext|> when present. */
+struct engine *engine_create(struct model *m, struct tokenizer *tok);
+void engine_free(struct engine *e);
+
+struct model *engine_model(struct engine *e);
+
+/* Prefix reuse (default on): when a prompt starts with every token the model state holds (the
+ * previous prompt and the tokens generated after it - a multi-turn chat or an agent loop that
+ * extends the last request), only the new tail is prefilled. The recurrent DeltaNet state cannot
+ * be rewound, so any other prompt starts from a reset. Off: every request starts from a reset. */
+void engine_set_prefix_reuse(struct engine *e, int on);
+int engine_n_eos(const struct engine *e, const int32_t **ids);
+
+/* Runs one request to its end. Returns 0 with res filled, or -1 with err when the request
+ * cannot start (prompt empty or not fitting in the context: the caller's 400). */
+int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,
+                    struct error *err);
+
+/* Stop-string scan over pending text (exposed for tests). Returns how many leading bytes of
+ * text[0..len) may be released: if a stop string occurs, the bytes before its earliest
+ * occurrence (and *hit = its index); otherwise everything except the longest suffix that is a
+ * proper prefix of some stop string (*hit = -1). */
+size_t engine_stop_scan(const char *text, size_t len, const char *const *stop, int n_stop,
+                        int *hit);
+
+#endif

@@ -1,0 +1,715 @@
+/* server.c - the OpenAI-compatible HTTP server on libmicrohttpd, and `strata serve`.
+ *
+ * Threads: MHD runs one thread per connection; the engine thread owns the model. A generation
+ * request is validated, rendered (chat template) and tokenized on its connection thread, then
+ * queued (bounded FIFO) as a job. The engine thread runs jobs one at a time; its emit callback
+ * turns each token into SSE bytes in the job's output buffer and signals the connection thread,
+ * which is blocked in MHD's content-reader callback and returns the bytes at once, so MHD
+ * writes them as one HTTP chunk while the engine computes the next token. TCP_NODELAY is set on
+ * every connection so no chunk waits for Nagle. A waiting connection thread polls its socket
+ * every 100 ms: a client that went away cancels the job (queued: skipped; running: stopped at
+ * the next token).
+ *
+ * Mirrors the request/response shapes of the OpenAI API and llama-server's extensions
+ * (timings, /tokenize, /detokenize, /health, top_k/min_p/repetition_penalty). Request parsing
+ * and response shaping live in server_api.c. */
+#include "server.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chat.h"
+#include "engine.h"
+#include "server_api.h"
+#include "tokenizer.h"
+
+enum route {
+    ROUTE_NONE = 0,
+    ROUTE_CHAT,
+    ROUTE_COMPLETIONS,
+    ROUTE_MODELS,
+    ROUTE_MODEL, /* GET /v1/models/{id} */
+    ROUTE_HEALTH,
+    ROUTE_METRICS,
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE,
+    ROUTE_OPTIONS,
+};
+
+static const struct {
+    const char *path;
+    enum route route;
+    const char *method;
+    int public; /* no API key needed */
+} routes[] = {
+    {"/v1/chat/completions", ROUTE_CHAT, "POST", 0},
+    {"/chat/completions", ROUTE_CHAT, "POST", 0},
+    {"/v1/completions", ROUTE_COMPLETIONS, "POST", 0},
+    {"/completions", ROUTE_COMPLETIONS, "POST", 0},
+    {"/v1/models", ROUTE_MODELS, "GET", 0},
+    {"/models", ROUTE_MODELS, "GET", 0},
+    {"/health", ROUTE_HEALTH, "GET", 1},
+    {"/v1/health", ROUTE_HEALTH, "GET", 1},
+    {"/metrics", ROUTE_METRICS, "GET", 0},
+    {"/tokenize", ROUTE_TOKENIZE, "POST", 0},
+    {"/detokenize", ROUTE_DETOKENIZE, "POST", 0},
+};
+
+static const double ttft_buckets_s[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+#define N_TTFT_BUCKETS (int)(sizeof ttft_buckets_s / sizeof ttft_buckets_s[0])
+
+struct metrics {
+    unsigned long requests, errors, generations, cancelled;
+    unsigned long prompt_tokens, generated_tokens;
+    double prompt_seconds, decode_seconds, emit_seconds;
+    double last_prompt_tps, last_decode_tps;
+    unsigned long ttft_bucket[N_TTFT_BUCKETS + 1]; /* cumulative at render time */
+    double ttft_sum_s;
+    unsigned long ttft_count;
+};
+
+struct server {
+    struct server_options opt;
+    char model_name[256];
+    long created;
+    struct model *model;
+    struct tokenizer *tok;
+    struct engine *engine;
+    struct chat_template tmpl;
+    struct MHD_Daemon *daemon;
+    int port;
+
+    pthread_t engine_thread;
+    int engine_started;
+    pthread_mutex_t mu; /* queue, metrics, id generator */
+    pthread_cond_t cv;
+    struct job *q_head, *q_tail;
+    int q_len, running;
+    atomic_int stopping;
+    struct metrics met;
+    uint64_t rng;
+};
+
+/* Per-HTTP-request state (MHD's con_cls). */
+struct conn {
+    enum route route;
+    int status;       /* non-zero: an error decided before the body was read */
+    char err_msg[256];
+    struct sbuf body;
+    int too_large;
+    int fd;
+};
+
+/* ---- jobs ----------------------------------------------------------------------------- */
+
+static void job_release(struct job *j) {
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left == 0) api_job_free(j);
+}
+
+static int peer_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* Waits up to 100 ms on the job's condition variable (j->mu held). */
+static void job_wait(struct job *j) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+}
+
+static void metrics_record(struct server *s, const struct job *j) {
+    struct metrics *m = &s->met;
+    const struct engine_result *r = &j->res;
+    if (j->failed) return;
+    if (r->finish == ENGINE_FINISH_CANCELLED) m->cancelled++;
+    m->generations++;
+    m->prompt_tokens += (unsigned long)r->timings.prompt_n; /* prefilled: no reused prefix */
+    m->generated_tokens += (unsigned long)r->n_generated;
+    m->prompt_seconds += r->timings.prompt_ms / 1e3;
+    m->decode_seconds += r->timings.predicted_ms / 1e3;
+    m->emit_seconds += j->emit_ms / 1e3;
+    m->last_prompt_tps = r->timings.prompt_per_second;
+    m->last_decode_tps = r->timings.predicted_per_second;
+    if (j->t_first > 0) {
+        double ttft_s = (j->t_first - j->t_enqueue) / 1e3;
+        int b = 0;
+        while (b < N_TTFT_BUCKETS && ttft_s > ttft_buckets_s[b]) b++;
+        m->ttft_bucket[b]++;
+        m->ttft_sum_s += ttft_s;
+        m->ttft_count++;
+    }
+}
+
+static void *engine_main(void *arg) {
+    struct server *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->q_head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
+        struct job *j = s->q_head;
+        if (atomic_load(&s->stopping)) {
+            /* fail everything still queued */
+            s->q_head = s->q_tail = NULL;
+            s->q_len = 0;
+            pthread_mutex_unlock(&s->mu);
+            while (j) {
+                struct job *next = j->next;
+                api_job_fail(j, 503, "the server is shutting down");
+                job_release(j);
+                j = next;
+            }
+            return NULL;
+        }
+        s->q_head = j->next;
+        if (!s->q_head) s->q_tail = NULL;
+        s->q_len--;
+        s->running = 1;
+        pthread_mutex_unlock(&s->mu);
+
+        if (peer_gone(j->fd)) atomic_store(&j->cancel, 1);
+        api_job_run(j, s->engine);
+
+        pthread_mutex_lock(&s->mu);
+        s->running = 0;
+        metrics_record(s, j);
+        pthread_mutex_unlock(&s->mu);
+        job_release(j);
+    }
+}
+
+/* Queues a job for the engine; 0, or -1 when the queue is full or the server is stopping. */
+static int enqueue(struct server *s, struct job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (atomic_load(&s->stopping) || s->q_len >= s->opt.queue_max) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    j->refs++; /* the engine's reference (no other thread sees j yet) */
+    j->next = NULL;
+    if (s->q_tail) s->q_tail->next = j;
+    else s->q_head = j;
+    s->q_tail = j;
+    s->q_len++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* ---- responses ------------------------------------------------------------------------ */
+
+static enum MHD_Result respond(struct MHD_Connection *c, int status, const char *type,
+                               const char *body, size_t len) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result respond_json(struct MHD_Connection *c, int status, json_t *v) {
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (!s) { /* a bug (a NULL or non-UTF-8 string packed): answer rather than crash */
+        static const char oops[] = "{\"error\":{\"message\":\"internal error: could not encode "
+                                   "the response\",\"type\":\"server_error\",\"param\":null,"
+                                   "\"code\":null}}";
+        return respond(c, 500, "application/json", oops, sizeof oops - 1);
+    }
+    enum MHD_Result ret = respond(c, status, "application/json", s, strlen(s));
+    free(s);
+    return ret;
+}
+
+static enum MHD_Result respond_error(struct server *s, struct MHD_Connection *c,
+                                     const struct api_error *e) {
+    pthread_mutex_lock(&s->mu);
+    s->met.errors++;
+    pthread_mutex_unlock(&s->mu);
+    return respond_json(c, e->status, api_error_json(e));
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct job *j = cls;
+    struct server *s = j->server;
+    (void)pos;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (j->out_pos < j->out.len) {
+            size_t n = j->out.len - j->out_pos;
+            if (n > max) n = max;
+            memcpy(buf, j->out.s + j->out_pos, n);
+            j->out_pos += n;
+            if (j->out_pos == j->out.len) j->out_pos = j->out.len = 0;
+            pthread_mutex_unlock(&j->mu);
+            return (ssize_t)n;
+        }
+        if (j->done) {
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        job_wait(j);
+        if (j->out_pos == j->out.len && !j->done &&
+            (peer_gone(j->fd) || atomic_load(&s->stopping))) {
+            atomic_store(&j->cancel, 1);
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void sse_free(void *cls) {
+    struct job *j = cls;
+    atomic_store(&j->cancel, 1); /* no-op when the job is done; else the client is gone */
+    job_release(j);
+}
+
+/* Runs a generation request: stream (SSE response that the engine feeds) or wait for the end. */
+static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection *c,
+                                        struct conn *cn) {
+    struct api_error e = {0};
+    struct job *j = api_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->route == ROUTE_CHAT,
+                                cn->body.s, cn->body.len, &s->rng, &s->mu,
+                                s->opt.allow_forced_output, &e);
+    if (!j) return respond_error(s, c, &e);
+    j->server = s;
+    j->stopping = &s->stopping;
+    j->fd = cn->fd;
+    j->t_enqueue = now_ms();
+    if (enqueue(s, j) != 0) {
+        api_job_free(j);
+        struct api_error busy = {.status = 503, .type = "unavailable_error"};
+        snprintf(busy.message, sizeof busy.message,
+                 atomic_load(&s->stopping) ? "the server is shutting down"
+                                           : "the request queue is full; retry later");
+        return respond_error(s, c, &busy);
+    }
+    if (j->stream) {
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, j, sse_free);
+        if (!r) {
+            sse_free(j);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        job_wait(j);
+        if (!j->done && peer_gone(j->fd)) atomic_store(&j->cancel, 1);
+    }
+    pthread_mutex_unlock(&j->mu);
+    int status = 200;
+    json_t *body = api_job_response(j, &status);
+    job_release(j);
+    if (status != 200) {
+        pthread_mutex_lock(&s->mu);
+        s->met.errors++;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return respond_json(c, status, body);
+}
+
+static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c) {
+    struct sbuf b = {0};
+    pthread_mutex_lock(&s->mu);
+    struct metrics m = s->met;
+    int q = s->q_len, running = s->running;
+    pthread_mutex_unlock(&s->mu);
+    sbuf_printf(&b, "# HELP strata_requests_total HTTP requests received.\n"
+                    "# TYPE strata_requests_total counter\nstrata_requests_total %lu\n",
+                m.requests);
+    sbuf_printf(&b, "# HELP strata_requests_errors_total HTTP requests answered with an error.\n"
+                    "# TYPE strata_requests_errors_total counter\nstrata_requests_errors_total %lu\n",
+                m.errors);
+    sbuf_printf(&b, "# HELP strata_generations_total Generation requests run by the engine.\n"
+                    "# TYPE strata_generations_total counter\nstrata_generations_total %lu\n",
+                m.generations);
+    sbuf_printf(&b, "# HELP strata_generations_cancelled_total Generations cancelled by a client "
+                    "disconnect.\n# TYPE strata_generations_cancelled_total counter\n"
+                    "strata_generations_cancelled_total %lu\n",
+                m.cancelled);
+    sbuf_printf(&b, "# HELP strata_prompt_tokens_total Prompt tokens prefilled.\n"
+                    "# TYPE strata_prompt_tokens_total counter\nstrata_prompt_tokens_total %lu\n",
+                m.prompt_tokens);
+    sbuf_printf(&b, "# HELP strata_tokens_generated_total Tokens generated.\n"
+                    "# TYPE strata_tokens_generated_total counter\n"
+                    "strata_tokens_generated_total %lu\n",
+                m.generated_tokens);
+    sbuf_printf(&b, "# HELP strata_prompt_seconds_total Time spent in prefill.\n"
+                    "# TYPE strata_prompt_seconds_total counter\nstrata_prompt_seconds_total %.6f\n",
+                m.prompt_seconds);
+    sbuf_printf(&b, "# HELP strata_decode_seconds_total Time spent decoding.\n"
+                    "# TYPE strata_decode_seconds_total counter\nstrata_decode_seconds_total %.6f\n",
+                m.decode_seconds);
+    sbuf_printf(&b, "# HELP strata_stream_emit_seconds_total Engine-thread time spent turning tokens "
+                    "into response bytes (chat parser, SSE framing, waking the connection).\n"
+                    "# TYPE strata_stream_emit_seconds_total counter\n"
+                    "strata_stream_emit_seconds_total %.6f\n",
+                m.emit_seconds);
+    sbuf_printf(&b, "# HELP strata_prompt_tokens_per_second Prefill speed of the last request.\n"
+                    "# TYPE strata_prompt_tokens_per_second gauge\n"
+                    "strata_prompt_tokens_per_second %.3f\n",
+                m.last_prompt_tps);
+    sbuf_printf(&b, "# HELP strata_decode_tokens_per_second Decode speed of the last request.\n"
+                    "# TYPE strata_decode_tokens_per_second gauge\n"
+                    "strata_decode_tokens_per_second %.3f\n",
+                m.last_decode_tps);
+    sbuf_printf(&b, "# HELP strata_ttft_seconds Time from request queued to first token.\n"
+                    "# TYPE strata_ttft_seconds histogram\n");
+    unsigned long cum = 0;
+    for (int i = 0; i < N_TTFT_BUCKETS; i++) {
+        cum += m.ttft_bucket[i];
+        sbuf_printf(&b, "strata_ttft_seconds_bucket{le=\"%g\"} %lu\n", ttft_buckets_s[i], cum);
+    }
+    cum += m.ttft_bucket[N_TTFT_BUCKETS];
+    sbuf_printf(&b, "strata_ttft_seconds_bucket{le=\"+Inf\"} %lu\n", cum);
+    sbuf_printf(&b, "strata_ttft_seconds_sum %.6f\nstrata_ttft_seconds_count %lu\n", m.ttft_sum_s,
+                m.ttft_count);
+    sbuf_printf(&b, "# HELP strata_queue_depth Requests waiting for the engine.\n"
+                    "# TYPE strata_queue_depth gauge\nstrata_queue_depth %d\n",
+                q);
+    sbuf_printf(&b, "# HELP strata_requests_running Requests the engine is generating.\n"
+                    "# TYPE strata_requests_running gauge\nstrata_requests_running %d\n",
+                running);
+    enum MHD_Result ret =
+        respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s ? b.s : "", b.len);
+    free(b.s);
+    return ret;
+}
+
+static int api_key_ok(struct server *s, struct MHD_Connection *c) {
+    if (!s->opt.api_key) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *key = NULL;
+    if (h && strncasecmp(h, "Bearer ", 7) == 0) key = h + 7;
+    if (!key) key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (!key) return 0;
+    size_t a = strlen(key), b = strlen(s->opt.api_key);
+    unsigned char diff = a != b;
+    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(key[i] ^ s->opt.api_key[i]);
+    return diff == 0;
+}
+
+/* Decides route, method and authentication before any body is read. */
+static void classify(struct server *s, struct MHD_Connection *c, struct conn *cn, const char *url,
+                     const char *method) {
+    int path_known = 0;
+    if (!strcmp(method, "OPTIONS")) { /* CORS preflight from browser clients */
+        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+            if (!strcmp(url, routes[i].path)) cn->route = ROUTE_OPTIONS;
+        if (cn->route == ROUTE_OPTIONS) return;
+    }
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (strcmp(url, routes[i].path) != 0) continue;
+        path_known = 1;
+        if (strcmp(method, routes[i].method) != 0) continue;
+        cn->route = routes[i].route;
+        if (!routes[i].public && !api_key_ok(s, c)) {
+            cn->status = 401;
+            snprintf(cn->err_msg, sizeof cn->err_msg,
+                     "invalid or missing API key (send Authorization: Bearer KEY)");
+        }
+        break;
+    }
+    if (!path_known && (!strncmp(url, "/v1/models/", 11) || !strncmp(url, "/models/", 8))) {
+        path_known = 1;
+        if (!strcmp(method, "GET")) {
+            cn->route = ROUTE_MODEL;
+            if (!api_key_ok(s, c)) {
+                cn->status = 401;
+                snprintf(cn->err_msg, sizeof cn->err_msg,
+                         "invalid or missing API key (send Authorization: Bearer KEY)");
+            }
+        }
+    }
+    if (cn->route == ROUTE_NONE) {
+        cn->status = path_known ? 405 : 404;
+        snprintf(cn->err_msg, sizeof cn->err_msg, "%s %s: %s", method, url,
+                 path_known ? "method not allowed" : "no such route");
+        return;
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > s->opt.max_body_bytes) cn->too_large = 1;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+    struct server *s = cls;
+    struct conn *cn = *con_cls;
+    (void)version;
+    if (!cn) {
+        cn = xcalloc(1, sizeof *cn);
+        *con_cls = cn;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        cn->fd = ci ? ci->connect_fd : -1;
+        if (cn->fd >= 0) {
+            int one = 1;
+            setsockopt(cn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        }
+        pthread_mutex_lock(&s->mu);
+        s->met.requests++;
+        pthread_mutex_unlock(&s->mu);
+        classify(s, c, cn, url, method);
+        if (cn->too_large && !cn->status) {
+            /* answer before reading a body we will not accept */
+            struct api_error e = {.status = 413, .type = "invalid_request_error"};
+            snprintf(e.message, sizeof e.message, "request body exceeds the limit of %zu bytes",
+                     s->opt.max_body_bytes);
+            return respond_error(s, c, &e);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (!cn->status && !cn->too_large) {
+            if (cn->body.len + *upload_data_size > s->opt.max_body_bytes) {
+                cn->too_large = 1;
+                free(cn->body.s);
+                memset(&cn->body, 0, sizeof cn->body);
+            } else {
+                sbuf_add(&cn->body, upload_data, *upload_data_size);
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (cn->status) {
+        struct api_error e = {.status = cn->status, .type = "invalid_request_error"};
+        if (cn->status == 401) e.code = "invalid_api_key";
+        snprintf(e.message, sizeof e.message, "%s", cn->err_msg);
+        return respond_error(s, c, &e);
+    }
+    if (cn->too_large) {
+        struct api_error e = {.status = 413, .type = "invalid_request_error"};
+        snprintf(e.message, sizeof e.message, "request body exceeds the limit of %zu bytes",
+                 s->opt.max_body_bytes);
+        return respond_error(s, c, &e);
+    }
+    switch (cn->route) {
+    case ROUTE_HEALTH:
+        return respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    case ROUTE_MODELS:
+        return respond_json(c, 200, api_models_json(s->model_name, s->created, s->model));
+    case ROUTE_MODEL: {
+        const char *id = url + (!strncmp(url, "/v1/", 4) ? strlen("/v1/models/") : strlen("/models/"));
+        if (strcmp(id, s->model_name) != 0) {
+            struct api_error e = {.status = 404, .type = "invalid_request_error",
+                                  .code = "model_not_found"};
+            snprintf(e.message, sizeof e.message, "the model '%.200s' does not exist (this server "
+                     "has '%s')", id, s->model_name);
+            return respond_error(s, c, &e);
+        }
+        json_t *list = api_models_json(s->model_name, s->created, s->model);
+        json_t *one = json_incref(json_array_get(json_object_get(list, "data"), 0));
+        json_decref(list);
+        return respond_json(c, 200, one);
+    }
+    case ROUTE_METRICS:
+        return serve_metrics(s, c);
+    case ROUTE_TOKENIZE:
+    case ROUTE_DETOKENIZE: {
+        struct api_error e = {0};
+        json_t *r = cn->route == ROUTE_TOKENIZE ? api_tokenize(s->tok, cn->body.s, cn->body.len, &e)
+                                                : api_detokenize(s->tok, cn->body.s, cn->body.len, &e);
+        return r ? respond_json(c, 200, r) : respond_error(s, c, &e);
+    }
+    case ROUTE_CHAT:
+    case ROUTE_COMPLETIONS:
+        return serve_generation(s, c, cn);
+    case ROUTE_OPTIONS: {
+        struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+        enum MHD_Result ret = MHD_queue_response(c, 204, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    case ROUTE_NONE:
+        break;
+    }
+    return MHD_NO;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    struct conn *cn = *con_cls;
+    (void)cls, (void)c, (void)toe;
+    if (!cn) return;
+    free(cn->body.s);
+    free(cn);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    struct server *s = cls;
+    if (s->opt.quiet) return;
+    fprintf(stderr, "strata serve: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------ */
+
+static int resolve(const char *host, int port, struct sockaddr_storage *ss, struct error *err) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE},
+                    *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc != 0 || !res) return error_set(err, "cannot resolve host '%s': %s", host, gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return 0;
+}
+
+struct server *server_start(const struct server_options *o, struct error *err) {
+    struct server *s = xcalloc(1, sizeof *s);
+    s->opt = *o;
+    CHECK(s->opt.model_dir);
+    if (!s->opt.host) s->opt.host = "127.0.0.1";
+    if (s->opt.queue_max <= 0) s->opt.queue_max = 64;
+    if (!s->opt.max_body_bytes) s->opt.max_body_bytes = (size_t)8 << 20;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->created = (long)time(NULL);
+    s->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(now_ms() * 1e3);
+
+    const char *dir = s->opt.model_dir;
+    if (s->opt.model_name) {
+        snprintf(s->model_name, sizeof s->model_name, "%s", s->opt.model_name);
+    } else {
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, "%s", dir);
+        size_t n = strlen(tmp);
+        while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
+        const char *base = strrchr(tmp, '/');
+        snprintf(s->model_name, sizeof s->model_name, "%s", base ? base + 1 : tmp);
+    }
+
+    const char *tdir = s->opt.tokenizer_dir ? s->opt.tokenizer_dir : dir;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", tdir);
+    s->tok = tokenizer_load(path, err);
+    if (!s->tok) goto fail;
+    if (chat_template_load(&s->tmpl, tdir, err) != 0) goto fail;
+    if (!s->opt.quiet) fprintf(stderr, "strata serve: loading %s\n", dir);
+    s->model = model_load(dir, &s->opt.model, err);
+    if (!s->model) goto fail;
+    s->engine = engine_create(s->model, s->tok);
+    engine_set_prefix_reuse(s->engine, !s->opt.no_prefix_reuse);
+    if (s->opt.no_http) return s;
+
+    if (pthread_create(&s->engine_thread, NULL, engine_main, s) != 0) {
+        error_set(err, "cannot start the engine thread");
+        goto fail;
+    }
+    s->engine_started = 1;
+
+    struct sockaddr_storage ss;
+    if (resolve(s->opt.host, s->opt.port, &ss, err) != 0) goto fail;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->daemon = MHD_start_daemon(flags, (uint16_t)s->opt.port, NULL, NULL, on_request, s,
+                                 MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                                 MHD_OPTION_END);
+    if (!s->daemon) {
+        error_set(err, "cannot listen on %s:%d: %s", s->opt.host, s->opt.port,
+                  errno ? strerror(errno) : "libmicrohttpd refused to start");
+        goto fail;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->opt.port;
+    return s;
+fail:
+    server_stop(s);
+    return NULL;
+}
+
+int server_port(const struct server *s) { return s->port; }
+const char *server_model_name(const struct server *s) { return s->model_name; }
+struct model *server_model(struct server *s) { return s->model; }
+struct engine *server_engine(struct server *s) { return s->engine; }
+struct tokenizer *server_tokenizer(struct server *s) { return s->tok; }
+
+void server_stop(struct server *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, 1);
+    if (s->engine_started) {
+        pthread_mutex_lock(&s->mu);
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->engine_thread, NULL);
+    }
+    /* connection threads see `stopping` within 100 ms and finish their responses */
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    engine_free(s->engine);
+    if (s->model) model_free(s->model);
+    if (s->tok) tokenizer_free(s->tok);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+int server_run_inprocess(struct server *s, const char *body, size_t len,
+                         int (*sink)(void *user, const char *frame, size_t n), void *user,
+                         struct server_inprocess_stats *st) {
+    struct api_error e = {0};
+    double t0 = now_ms();
+    struct job *j = api_job_new(s->model, s->tok, &s->tmpl, s->model_name, 1, body, len, &s->rng,
+                                &s->mu, s->opt.allow_forced_output, &e);
+    if (!j) return e.status;
+    j->server = s;
+    j->fd = -1;
+    j->sink = sink;
+    j->sink_user = user;
+    j->t_enqueue = t0;
+    api_job_run(j, s->engine);
+    if (st) {
+        st->ttft_ms = j->t_first - t0;
+        st->n_tokens = j->res.n_generated;
+        st->decode_ms = j->res.timings.predicted_ms;
+        st->emit_ms = j->emit_ms;
+    }
+    int status = j->failed ? j->fail_status : 200;
+    api_job_free(j);
+    return status;
+}

@@ -1,0 +1,822 @@
+/* server_api.c - OpenAI request validation, prompt preparation, SSE framing and responses
+ * (see server_api.h). Shapes follow the OpenAI API reference for chat.completion(.chunk) and
+ * text_completion, with llama-server's extensions: a "timings" object, top_k, min_p,
+ * repetition_penalty, ignore_eos, /tokenize and /detokenize.
+ *
+ * SSE frames are formatted by hand (a fixed head per job + an escaped delta) rather than
+ * through jansson: they are written once per token and must cost microseconds. */
+#include "server_api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tokenizer.h"
+
+/* ---- sbuf ----------------------------------------------------------------------------- */
+
+void sbuf_add(struct sbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        b->s = xrealloc(b->s, cap);
+        b->cap = cap;
+    }
+    if (n) memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+void sbuf_adds(struct sbuf *b, const char *s) { sbuf_add(b, s, strlen(s)); }
+
+void sbuf_printf(struct sbuf *b, const char *fmt, ...) {
+    char tmp[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        sbuf_add(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sbuf_add(b, big, (size_t)n);
+    free(big);
+}
+
+void sbuf_json_str(struct sbuf *b, const char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    sbuf_add(b, "\"", 1);
+    size_t run = 0; /* start of the pending run of bytes that need no escape */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        sbuf_add(b, s + run, i - run);
+        run = i + 1;
+        char esc[7] = {'\\', 0};
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        default:
+            esc[1] = 'u', esc[2] = '0', esc[3] = '0', esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
+            sbuf_add(b, esc, 6);
+            continue;
+        }
+        sbuf_add(b, esc, 2);
+    }
+    sbuf_add(b, s + run, n - run);
+    sbuf_add(b, "\"", 1);
+}
+
+/* ---- errors --------------------------------------------------------------------------- */
+
+json_t *api_error_json(const struct api_error *e) {
+    return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type",
+                     e->type ? e->type : "invalid_request_error", "param",
+                     e->param[0] ? json_string(e->param) : json_null(), "code",
+                     e->code ? json_string(e->code) : json_null());
+}
+
+static int bad(struct api_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad(struct api_error *e, const char *param, const char *fmt, ...) {
+    e->status = 400;
+    e->type = "invalid_request_error";
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static json_t *parse_body(const char *body, size_t len, struct api_error *e) {
+    if (!body || len == 0) {
+        bad(e, NULL, "the request body is empty; expected a JSON object");
+        return NULL;
+    }
+    json_error_t je;
+    json_t *v = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!v) {
+        bad(e, NULL, "invalid JSON at line %d, column %d (byte %d): %s", je.line, je.column,
+            je.position, je.text);
+        return NULL;
+    }
+    if (!json_is_object(v)) {
+        json_decref(v);
+        bad(e, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return v;
+}
+
+/* Optional fields: 0 absent or null, 1 present (out set), -1 bad (e set). */
+static int get_number(const json_t *rq, const char *k, double lo, double hi, int lo_open,
+                      double *out, struct api_error *e) {
+    const json_t *v = json_object_get(rq, k);
+    if (!v || json_is_null(v)) return 0;
+    double x = json_number_value(v);
+    if (!json_is_number(v) || !isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
+        return bad(e, k, "'%s' must be a number %s %g and <= %g", k, lo_open ? ">" : ">=", lo, hi);
+    *out = x;
+    return 1;
+}
+
+static int get_int(const json_t *rq, const char *k, long long lo, long long hi, long long *out,
+                   struct api_error *e) {
+    const json_t *v = json_object_get(rq, k);
+    if (!v || json_is_null(v)) return 0;
+    long long x;
+    if (json_is_integer(v)) x = json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+             fabs(json_real_value(v)) < 9e15)
+        x = (long long)json_real_value(v);
+    else return bad(e, k, "'%s' must be an integer", k);
+    if (x < lo || x > hi) return bad(e, k, "'%s' must be between %lld and %lld", k, lo, hi);
+    *out = x;
+    return 1;
+}
+
+static int get_bool(const json_t *rq, const char *k, int *out, struct api_error *e) {
+    const json_t *v = json_object_get(rq, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return bad(e, k, "'%s' must be a boolean", k);
+    *out = json_is_true(v);
+    return 1;
+}
+
+static uint64_t next_rand(uint64_t *rng, pthread_mutex_t *mu) {
+    pthread_mutex_lock(mu);
+    uint64_t z = (*rng += 0x9e3779b97f4a7c15ull);
+    pthread_mutex_unlock(mu);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Sampling, limits, stop strings, stream flags: the fields both endpoints share. */
+static int parse_common(struct job *j, const json_t *rq, int ctx, int vocab, uint64_t *rng,
+                        pthread_mutex_t *rng_mu, struct api_error *e) {
+    struct sampler_params *sp = &j->req.sampling;
+    sampler_params_default(sp);
+    double x = 0;
+    long long n = 0;
+    int b, r;
+    if ((r = get_number(rq, "temperature", 0, 2, 0, &x, e)) < 0) return -1;
+    if (r) sp->temperature = (float)x;
+    if ((r = get_number(rq, "top_p", 0, 1, 1, &x, e)) < 0) return -1;
+    if (r) sp->top_p = (float)x;
+    if ((r = get_number(rq, "min_p", 0, 1, 0, &x, e)) < 0) return -1;
+    if (r) sp->min_p = (float)x;
+    if ((r = get_int(rq, "top_k", -1, 1 << 30, &n, e)) < 0) return -1;
+    if (r) sp->top_k = n < 0 ? 0 : (int)n;
+    if ((r = get_number(rq, "presence_penalty", -2, 2, 0, &x, e)) < 0) return -1;
+    if (r) sp->presence_penalty = (float)x;
+    if ((r = get_number(rq, "frequency_penalty", -2, 2, 0, &x, e)) < 0) return -1;
+    if (r) sp->frequency_penalty = (float)x;
+    if ((r = get_number(rq, "repetition_penalty", 0, 10, 1, &x, e)) < 0) return -1;
+    if (r) sp->repetition_penalty = (float)x;
+    if ((r = get_int(rq, "seed", INT64_MIN, INT64_MAX, &n, e)) < 0) return -1;
+    sp->seed = r ? (uint64_t)n : next_rand(rng, rng_mu);
+
+    j->req.max_tokens = j->is_chat ? 0 : 16; /* OpenAI: chat unlimited, completions 16 */
+    if ((r = get_int(rq, "max_tokens", 1, 1 << 30, &n, e)) < 0) return -1;
+    if (r) j->req.max_tokens = (int)n;
+    if ((r = get_int(rq, "max_completion_tokens", 1, 1 << 30, &n, e)) < 0) return -1;
+    if (r) j->req.max_tokens = (int)n;
+    if ((r = get_int(rq, "n_predict", -1, 1 << 30, &n, e)) < 0) return -1; /* llama-server */
+    if (r) j->req.max_tokens = n < 0 ? 0 : (int)n;
+    (void)ctx;
+
+    if ((r = get_int(rq, "n", 1, 1 << 20, &n, e)) < 0) return -1;
+    if (r && n != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported");
+    b = 0;
+    if (get_bool(rq, "logprobs", &b, e) < 0) return -1;
+    if (b) return bad(e, "logprobs", "'logprobs' is not supported");
+    const json_t *v = json_object_get(rq, "top_logprobs");
+    if (v && !json_is_null(v)) return bad(e, "top_logprobs", "'top_logprobs' is not supported");
+    v = json_object_get(rq, "response_format");
+    if (v && !json_is_null(v)) {
+        const char *t = json_string_value(json_object_get(v, "type"));
+        if (!json_is_object(v) || !t)
+            return bad(e, "response_format", "'response_format' must be an object with a 'type'");
+        if (strcmp(t, "text") != 0)
+            return bad(e, "response_format", "response_format type '%s' is not supported "
+                       "(no constrained decoding); only 'text'", t);
+    }
+    if (get_bool(rq, "ignore_eos", &j->req.ignore_eos, e) < 0) return -1;
+    v = json_object_get(rq, "logit_bias");
+    if (v && !json_is_null(v)) {
+        if (!json_is_object(v))
+            return bad(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+        size_t nb = json_object_size(v);
+        j->bias_ids = xmalloc((nb ? nb : 1) * sizeof *j->bias_ids);
+        j->bias_values = xmalloc((nb ? nb : 1) * sizeof *j->bias_values);
+        const char *k;
+        json_t *bv;
+        int nbias = 0;
+        json_object_foreach((json_t *)v, k, bv) {
+            char *end;
+            long id = strtol(k, &end, 10);
+            if (*k == 0 || *end || id < 0 || id >= vocab)
+                return bad(e, "logit_bias", "logit_bias key '%s' is not a token id in 0..%d", k,
+                           vocab - 1);
+            if (!json_is_number(bv) || json_number_value(bv) < -100 || json_number_value(bv) > 100)
+                return bad(e, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
+            j->bias_ids[nbias] = (int32_t)id;
+            j->bias_values[nbias++] = (float)json_number_value(bv);
+        }
+        sp->bias_ids = j->bias_ids;
+        sp->bias_values = j->bias_values;
+        sp->n_bias = nbias;
+    }
+
+    if (get_bool(rq, "stream", &j->stream, e) < 0) return -1;
+    v = json_object_get(rq, "stream_options");
+    if (v && !json_is_null(v)) {
+        if (!json_is_object(v))
+            return bad(e, "stream_options", "'stream_options' must be an object");
+        const json_t *iu = json_object_get(v, "include_usage");
+        if (iu && !json_is_null(iu)) {
+            if (!json_is_boolean(iu))
+                return bad(e, "stream_options.include_usage",
+                           "'stream_options.include_usage' must be a boolean");
+            j->include_usage = json_is_true(iu);
+        }
+    }
+
+    v = json_object_get(rq, "stop");
+    if (v && !json_is_null(v)) {
+        const json_t *one[1] = {v};
+        size_t count = json_is_array(v) ? json_array_size(v) : 1;
+        if (!json_is_array(v) && !json_is_string(v))
+            return bad(e, "stop", "'stop' must be a string or an array of strings");
+        if (count > ENGINE_MAX_STOP)
+            return bad(e, "stop", "'stop' may hold at most %d strings", ENGINE_MAX_STOP);
+        for (size_t i = 0; i < count; i++) {
+            const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
+            if (!json_is_string(s) || json_string_length(s) == 0)
+                return bad(e, "stop", "'stop' entries must be non-empty strings");
+            if (json_string_length(s) > 256)
+                return bad(e, "stop", "'stop' strings may be at most 256 bytes");
+            j->stops[j->req.n_stop] = xstrdup(json_string_value(s));
+            j->req.stop[j->req.n_stop] = j->stops[j->req.n_stop];
+            j->req.n_stop++;
+        }
+    }
+    return 0;
+}
+
+static int check_model_name(const json_t *rq, struct api_error *e) {
+    const json_t *v = json_object_get(rq, "model");
+    if (v && !json_is_null(v) && !json_is_string(v))
+        return bad(e, "model", "'model' must be a string");
+    return 0;
+}
+
+/* Chat: messages + tools through the chat template. *prompt is malloc'd. */
+static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **prompt,
+                        struct api_error *e) {
+    json_t *rq = j->request;
+    const json_t *msgs = json_object_get(rq, "messages");
+    if (!msgs || json_is_null(msgs)) return bad(e, "messages", "'messages' is required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return bad(e, "messages", "'messages' must be a non-empty array");
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        const json_t *m = json_array_get(msgs, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!json_is_object(m) || !role)
+            return bad(e, "messages", "messages[%zu] must be an object with a string 'role'", i);
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
+            strcmp(role, "tool") && strcmp(role, "developer"))
+            return bad(e, "messages", "messages[%zu].role '%s' is not one of system, developer, "
+                       "user, assistant, tool", i, role);
+        const json_t *c = json_object_get(m, "content");
+        if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
+            return bad(e, "messages", "messages[%zu].content must be a string, an array of parts "
+                       "or null", i);
+        for (size_t k = 0; json_is_array(c) && k < json_array_size(c); k++) {
+            const char *type = json_string_value(json_object_get(json_array_get(c, k), "type"));
+            if (!type)
+                return bad(e, "messages", "messages[%zu].content[%zu] must be an object with a "
+                           "'type'", i, k);
+            if (strcmp(type, "text") != 0)
+                return bad(e, "messages", "messages[%zu].content[%zu]: '%s' parts are not "
+                           "supported (strata runs the text model only)", i, k, type);
+        }
+    }
+    const json_t *tools = json_object_get(rq, "tools");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools)) return bad(e, "tools", "'tools' must be an array");
+        for (size_t i = 0; i < json_array_size(tools); i++) {
+            const json_t *t = json_array_get(tools, i);
+            const json_t *f = json_object_get(t, "function");
+            if (!json_is_object(t) || !json_is_object(f) ||
+                !json_is_string(json_object_get(f, "name")))
+                return bad(e, "tools", "tools[%zu] must be {\"type\":\"function\",\"function\":"
+                           "{\"name\":...}}", i);
+        }
+        if (json_array_size(tools) > 0) j->tools = tools;
+    }
+    int drop_tools = 0;
+    const json_t *tc = json_object_get(rq, "tool_choice");
+    if (tc && !json_is_null(tc)) {
+        const char *s = json_string_value(tc);
+        if (s && !strcmp(s, "none")) drop_tools = 1;
+        else if (!s || strcmp(s, "auto") != 0)
+            return bad(e, "tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forcing a "
+                       "call needs constrained decoding, which strata does not have)");
+    }
+    const json_t *kw = json_object_get(rq, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return bad(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        const json_t *et = json_object_get(kw, "enable_thinking");
+        if (et && !json_is_boolean(et))
+            return bad(e, "chat_template_kwargs.enable_thinking",
+                       "'chat_template_kwargs.enable_thinking' must be a boolean");
+    }
+    json_t *render_rq = rq;
+    if (drop_tools) {
+        render_rq = json_copy(rq);
+        json_object_del(render_rq, "tools");
+        j->tools = NULL;
+    }
+    struct error err;
+    int rc = chat_render(tmpl, render_rq, prompt, &err);
+    if (render_rq != rq) json_decref(render_rq);
+    if (rc != 0) return bad(e, "messages", "%s", err.msg);
+    j->in_thinking = chat_prompt_opens_thinking(*prompt);
+    return 0;
+}
+
+/* Completions: prompt as a string, [string], [ids] or [[ids]]. */
+static int prepare_completion(struct job *j, struct tokenizer *tok, int vocab,
+                              struct api_error *e) {
+    int echo = 0;
+    long long best_of = 1;
+    if (get_bool(j->request, "echo", &echo, e) < 0) return -1;
+    if (echo) return bad(e, "echo", "'echo' is not supported");
+    if (get_int(j->request, "best_of", 1, 1 << 20, &best_of, e) < 0) return -1;
+    if (best_of != 1) return bad(e, "best_of", "'best_of' must be 1");
+    const json_t *sfx = json_object_get(j->request, "suffix");
+    if (sfx && !json_is_null(sfx) && !(json_is_string(sfx) && json_string_length(sfx) == 0))
+        return bad(e, "suffix", "'suffix' (fill-in-the-middle) is not supported");
+    const json_t *p = json_object_get(j->request, "prompt");
+    if (!p || json_is_null(p)) return bad(e, "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    else if (json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0)))
+        return bad(e, "prompt", "one prompt per request is supported");
+    if (json_is_string(p)) {
+        struct error err;
+        if (tokenizer_encode(tok, json_string_value(p), json_string_length(p), &j->ids, &j->n_ids,
+                             &err) != 0)
+            return bad(e, "prompt", "%s", err.msg);
+        return 0;
+    }
+    if (!json_is_array(p))
+        return bad(e, "prompt", "'prompt' must be a string or an array of token ids");
+    j->n_ids = (int)json_array_size(p);
+    j->ids = xmalloc((size_t)(j->n_ids ? j->n_ids : 1) * sizeof *j->ids);
+    for (int i = 0; i < j->n_ids; i++) {
+        const json_t *v = json_array_get(p, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
+            return bad(e, "prompt", "prompt[%d] must be a token id in 0..%d", i, vocab - 1);
+        j->ids[i] = (int32_t)json_integer_value(v);
+    }
+    return 0;
+}
+
+struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct chat_template *tmpl,
+                        const char *model_name, int is_chat, const char *body, size_t len,
+                        uint64_t *rng, pthread_mutex_t *rng_mu, int allow_forced,
+                        struct api_error *e) {
+    json_t *rq = parse_body(body, len, e);
+    if (!rq) return NULL;
+    struct job *j = xcalloc(1, sizeof *j);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->fd = -1;
+    j->is_chat = is_chat;
+    j->request = rq;
+    snprintf(j->model_name, sizeof j->model_name, "%s", model_name);
+    const int ctx = model_ctx(m);
+    if (check_model_name(rq, e) || parse_common(j, rq, ctx, model_config(m)->vocab_size, rng, rng_mu, e)) goto fail;
+    if (is_chat) {
+        char *prompt = NULL;
+        if (prepare_chat(j, tmpl, &prompt, e)) {
+            free(prompt);
+            goto fail;
+        }
+        struct error err;
+        int rc = tokenizer_encode(tok, prompt, strlen(prompt), &j->ids, &j->n_ids, &err);
+        free(prompt);
+        if (rc != 0) {
+            bad(e, "messages", "%s", err.msg);
+            goto fail;
+        }
+    } else if (prepare_completion(j, tok, model_config(m)->vocab_size, e)) {
+        goto fail;
+    }
+    if (j->n_ids == 0) {
+        bad(e, is_chat ? "messages" : "prompt", "the prompt is empty");
+        goto fail;
+    }
+    if (j->n_ids >= ctx) {
+        bad(e, is_chat ? "messages" : "prompt",
+            "the prompt has %d tokens but the context holds %d (prompt + at least 1 generated "
+            "token must fit)", j->n_ids, ctx);
+        e->code = "context_length_exceeded";
+        goto fail;
+    }
+    j->req.prompt = j->ids;
+    j->req.n_prompt = j->n_ids;
+    const json_t *fo = json_object_get(rq, "strata_forced_output");
+    if (fo && !json_is_null(fo)) {
+        struct error err;
+        int nf = 0;
+        if (!allow_forced) {
+            bad(e, "strata_forced_output", "'strata_forced_output' needs a server started with "
+                "--test-forced-output");
+            goto fail;
+        }
+        if (!json_is_string(fo)) {
+            bad(e, "strata_forced_output", "'strata_forced_output' must be a string");
+            goto fail;
+        }
+        if (tokenizer_encode(tok, json_string_value(fo), json_string_length(fo), &j->forced, &nf,
+                             &err) != 0) {
+            bad(e, "strata_forced_output", "%s", err.msg);
+            goto fail;
+        }
+        j->forced = xrealloc(j->forced, (size_t)(nf + 1) * sizeof *j->forced);
+        j->forced[nf++] = tokenizer_token_id(tok, "<|im_end|>");
+        j->req.forced = j->forced;
+        j->req.n_forced = nf;
+    }
+
+    static const char alnum[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    uint64_t r1 = next_rand(rng, rng_mu), r2 = next_rand(rng, rng_mu);
+    char rnd[25];
+    for (int i = 0; i < 24; i++) {
+        uint64_t *r = i < 12 ? &r1 : &r2;
+        rnd[i] = alnum[*r % 62];
+        *r /= 62;
+    }
+    rnd[24] = 0;
+    snprintf(j->id, sizeof j->id, "%s-%s", is_chat ? "chatcmpl" : "cmpl", rnd);
+    j->created = (long)time(NULL);
+    struct sbuf h = {0};
+    sbuf_printf(&h, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id,
+                is_chat ? "chat.completion.chunk" : "text_completion", j->created);
+    sbuf_json_str(&h, j->model_name, strlen(j->model_name));
+    sbuf_adds(&h, ",\"system_fingerprint\":\"strata\",\"choices\":[{\"index\":0,");
+    j->chunk_head = h.s;
+    return j;
+fail:
+    api_job_free(j);
+    return NULL;
+}
+
+void api_job_free(struct job *j) {
+    if (!j) return;
+    json_decref(j->request);
+    free(j->ids);
+    free(j->forced);
+    free(j->bias_ids);
+    free(j->bias_values);
+    for (int i = 0; i < j->req.n_stop; i++) free(j->stops[i]);
+    free(j->chunk_head);
+    free(j->out.s);
+    free(j->text.s);
+    if (j->cs) chat_stream_free(j->cs);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* ---- SSE framing (engine thread, j->mu held) ------------------------------------------ */
+
+static void frame_end(struct job *j) { sbuf_adds(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n"); }
+
+static void frame_chat_start(struct job *j) {
+    sbuf_adds(&j->out, j->chunk_head);
+    sbuf_adds(&j->out, "\"delta\":{");
+    if (!j->sent_first) {
+        sbuf_adds(&j->out, "\"role\":\"assistant\",");
+        j->sent_first = 1;
+    }
+}
+
+static void on_chat_delta(void *user, const struct chat_delta *d) {
+    struct job *j = user;
+    switch (d->kind) {
+    case CHAT_DELTA_CONTENT:
+    case CHAT_DELTA_REASONING:
+        if (d->len == 0) return;
+        frame_chat_start(j);
+        sbuf_adds(&j->out, d->kind == CHAT_DELTA_CONTENT ? "\"content\":" : "\"reasoning_content\":");
+        sbuf_json_str(&j->out, d->text, d->len);
+        break;
+    case CHAT_DELTA_TOOL_START:
+        frame_chat_start(j);
+        sbuf_printf(&j->out, "\"tool_calls\":[{\"index\":%d,\"id\":", d->index);
+        sbuf_json_str(&j->out, d->id, strlen(d->id));
+        sbuf_adds(&j->out, ",\"type\":\"function\",\"function\":{\"name\":");
+        sbuf_json_str(&j->out, d->name, strlen(d->name));
+        sbuf_adds(&j->out, ",\"arguments\":\"\"}}]");
+        if (d->index + 1 > j->n_tool_calls) j->n_tool_calls = d->index + 1;
+        break;
+    case CHAT_DELTA_TOOL_ARGS:
+        if (d->len == 0) return;
+        frame_chat_start(j);
+        sbuf_printf(&j->out, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", d->index);
+        sbuf_json_str(&j->out, d->text, d->len);
+        sbuf_adds(&j->out, "}}]");
+        break;
+    }
+    frame_end(j);
+}
+
+static void frame_completion_text(struct job *j, const char *text, size_t len) {
+    sbuf_adds(&j->out, j->chunk_head);
+    sbuf_adds(&j->out, "\"text\":");
+    sbuf_json_str(&j->out, text, len);
+    sbuf_adds(&j->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+}
+
+static void flush_out(struct job *j) {
+    if (j->sink && j->out.len) {
+        j->sink(j->sink_user, j->out.s, j->out.len);
+        j->out.len = 0;
+    }
+    pthread_cond_signal(&j->cv);
+}
+
+static int job_emit(void *user, const struct engine_event *ev) {
+    struct job *j = user;
+    const double t_in = now_ms();
+    if (ev->id >= 0 && ev->n_generated == 1) j->t_first = t_in;
+    pthread_mutex_lock(&j->mu);
+    if (ev->len) sbuf_add(&j->text, ev->text, ev->len);
+    if (j->stream) {
+        size_t before = j->out.len;
+        if (j->is_chat) {
+            chat_stream_push(j->cs, ev->text, ev->len);
+            if (ev->id >= 0 && !j->sent_first) { /* the first event leaves with the first token */
+                frame_chat_start(j);
+                sbuf_adds(&j->out, "\"content\":\"\"");
+                frame_end(j);
+            }
+        } else if (ev->len || (ev->id >= 0 && ev->n_generated == 1)) {
+            frame_completion_text(j, ev->text, ev->len);
+        }
+        if (j->out.len != before) flush_out(j);
+    }
+    pthread_mutex_unlock(&j->mu);
+    j->emit_ms += now_ms() - t_in;
+    return atomic_load(&j->cancel) || (j->stopping && atomic_load(j->stopping));
+}
+
+static const char *finish_reason(const struct job *j, int n_tool_calls, int truncated) {
+    if (j->res.finish == ENGINE_FINISH_LENGTH || truncated) return "length";
+    if (n_tool_calls > 0) return "tool_calls";
+    return "stop"; /* also for "cancelled": nobody reads it */
+}
+
+static void timings_append(struct sbuf *b, const struct engine_timings *t) {
+    sbuf_printf(b, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.3f,"
+                   "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
+                   "\"predicted_per_token_ms\":%.3f,\"predicted_per_second\":%.3f}",
+                t->cache_n, t->prompt_n, t->prompt_ms, t->prompt_n ? t->prompt_ms / t->prompt_n : 0,
+                t->prompt_per_second, t->predicted_n, t->predicted_ms,
+                t->predicted_n ? t->predicted_ms / t->predicted_n : 0, t->predicted_per_second);
+}
+
+static json_t *timings_json(const struct engine_timings *t) {
+    return json_pack("{s:i,s:i,s:f,s:f,s:f,s:i,s:f,s:f,s:f}", "cache_n", t->cache_n, "prompt_n",
+                     t->prompt_n, "prompt_ms",
+                     t->prompt_ms, "prompt_per_token_ms",
+                     t->prompt_n ? t->prompt_ms / t->prompt_n : 0.0, "prompt_per_second",
+                     t->prompt_per_second, "predicted_n", t->predicted_n, "predicted_ms",
+                     t->predicted_ms, "predicted_per_token_ms",
+                     t->predicted_n ? t->predicted_ms / t->predicted_n : 0.0,
+                     "predicted_per_second", t->predicted_per_second);
+}
+
+void api_job_run(struct job *j, struct engine *eng) {
+    if (j->is_chat && j->stream)
+        j->cs = chat_stream_new(j->in_thinking, j->tools, NULL, on_chat_delta, j);
+    j->req.emit = job_emit;
+    j->req.user = j;
+    j->req.cancel = &j->cancel;
+    struct error err;
+    if (engine_generate(eng, &j->req, &j->res, &err) != 0) {
+        api_job_fail(j, 500, err.msg);
+        return;
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->stream && j->res.finish != ENGINE_FINISH_CANCELLED) {
+        int truncated = 0;
+        if (j->cs) {
+            chat_stream_finish(j->cs);
+            truncated = chat_stream_truncated(j->cs);
+        }
+        const int usage_tokens = j->res.n_generated;
+        sbuf_adds(&j->out, j->chunk_head);
+        if (j->is_chat) sbuf_adds(&j->out, "\"delta\":{},");
+        else sbuf_adds(&j->out, "\"text\":\"\",");
+        sbuf_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}],",
+                    finish_reason(j, j->n_tool_calls, truncated));
+        timings_append(&j->out, &j->res.timings);
+        sbuf_adds(&j->out, "}\n\n");
+        if (j->include_usage) {
+            sbuf_adds(&j->out, j->chunk_head);
+            /* the head opened choices with an element; usage chunks carry an empty list */
+            j->out.len -= strlen("{\"index\":0,");
+            sbuf_printf(&j->out, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+                                 "\"total_tokens\":%d}}\n\n",
+                        j->res.n_prompt, usage_tokens, j->res.n_prompt + usage_tokens);
+        }
+        sbuf_adds(&j->out, "data: [DONE]\n\n");
+    }
+    j->done = 1;
+    flush_out(j);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void api_job_fail(struct job *j, int status, const char *msg) {
+    pthread_mutex_lock(&j->mu);
+    j->failed = 1;
+    j->fail_status = status;
+    snprintf(j->fail_msg, sizeof j->fail_msg, "%s", msg);
+    if (j->stream) {
+        struct api_error e = {.status = status,
+                              .type = status == 503 ? "unavailable_error" : "server_error"};
+        snprintf(e.message, sizeof e.message, "%s", msg);
+        json_t *v = api_error_json(&e);
+        char *s = json_dumps(v, JSON_COMPACT);
+        json_decref(v);
+        sbuf_adds(&j->out, "data: ");
+        sbuf_adds(&j->out, s);
+        sbuf_adds(&j->out, "\n\n");
+        free(s);
+    }
+    j->done = 1;
+    flush_out(j);
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+json_t *api_job_response(struct job *j, int *status) {
+    if (j->failed) {
+        struct api_error e = {.status = j->fail_status,
+                              .type = j->fail_status == 503 ? "unavailable_error" : "server_error"};
+        snprintf(e.message, sizeof e.message, "%s", j->fail_msg);
+        *status = j->fail_status;
+        return api_error_json(&e);
+    }
+    *status = 200;
+    const char *text = j->text.s ? j->text.s : "";
+    json_t *choice;
+    if (j->is_chat) {
+        struct chat_parsed p;
+        chat_parse(text, j->text.len, j->in_thinking, j->tools, NULL, &p);
+        json_t *msg = json_pack("{s:s}", "role", "assistant");
+        json_object_set_new(msg, "content", p.n_tool_calls && !p.content[0]
+                                                ? json_null()
+                                                : json_string(p.content));
+        if (p.reasoning_content && p.reasoning_content[0])
+            json_object_set_new(msg, "reasoning_content", json_string(p.reasoning_content));
+        if (p.n_tool_calls) json_object_set_new(msg, "tool_calls", chat_parsed_tool_calls_json(&p));
+        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
+                           "finish_reason", finish_reason(j, p.n_tool_calls, p.truncated));
+        chat_parsed_free(&p);
+    } else {
+        choice = json_pack("{s:s%,s:i,s:n,s:s}", "text", text, j->text.len, "index", 0, "logprobs",
+                           "finish_reason", finish_reason(j, 0, 0));
+    }
+    const int n_gen = j->res.n_generated;
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:{s:i,s:i,s:i},s:o}", "id", j->id, "object",
+                     j->is_chat ? "chat.completion" : "text_completion", "created",
+                     (json_int_t)j->created, "model", j->model_name, "system_fingerprint",
+                     "strata", "choices", choice, "usage", "prompt_tokens", j->res.n_prompt,
+                     "completion_tokens", n_gen, "total_tokens", j->res.n_prompt + n_gen,
+                     "timings", timings_json(&j->res.timings));
+}
+
+/* ---- small endpoints ------------------------------------------------------------------ */
+
+json_t *api_models_json(const char *model_name, long created, struct model *m) {
+    const struct config *c = model_config(m);
+    return json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:{s:i,s:i,s:I}}]}", "object", "list", "data",
+                     "id", model_name, "object", "model", "created", (json_int_t)created,
+                     "owned_by", "strata", "meta", "n_ctx", model_ctx(m), "n_vocab",
+                     c->vocab_size, "n_params", (json_int_t)model_n_params(m));
+}
+
+/* Valid UTF-8 for any ids: the streaming detokenizer's lossy output. */
+static char *lossy_text(struct tokenizer *tok, const int32_t *ids, int n, size_t *len) {
+    struct detok d;
+    detok_init(&d, tok);
+    size_t cap = detok_max_out(tok);
+    char *piece = xmalloc(cap);
+    struct sbuf b = {0};
+    sbuf_add(&b, "", 0);
+    for (int i = 0; i < n; i++) sbuf_add(&b, piece, detok_push(&d, ids[i], piece, cap));
+    sbuf_add(&b, piece, detok_flush(&d, piece, cap));
+    free(piece);
+    *len = b.len;
+    return b.s;
+}
+
+json_t *api_tokenize(struct tokenizer *tok, const char *body, size_t len, struct api_error *e) {
+    json_t *rq = parse_body(body, len, e);
+    if (!rq) return NULL;
+    const json_t *c = json_object_get(rq, "content");
+    int pieces = 0;
+    if (!json_is_string(c)) {
+        bad(e, "content", "'content' (a string) is required");
+        goto fail;
+    }
+    if (get_bool(rq, "with_pieces", &pieces, e) < 0) goto fail;
+    int32_t *ids = NULL;
+    int n = 0;
+    struct error err;
+    if (tokenizer_encode(tok, json_string_value(c), json_string_length(c), &ids, &n, &err) != 0) {
+        bad(e, "content", "%s", err.msg);
+        free(ids);
+        goto fail;
+    }
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) {
+        if (!pieces) {
+            json_array_append_new(arr, json_integer(ids[i]));
+            continue;
+        }
+        size_t bl;
+        const char *bytes = tokenizer_token_bytes(tok, ids[i], &bl);
+        size_t bad_at;
+        json_t *piece;
+        if (utf8_validate(bytes, bl, &bad_at) == 0) {
+            piece = json_stringn(bytes, bl);
+        } else { /* a partial UTF-8 sequence: the bytes, as llama-server does */
+            piece = json_array();
+            for (size_t k = 0; k < bl; k++)
+                json_array_append_new(piece, json_integer((unsigned char)bytes[k]));
+        }
+        json_array_append_new(arr, json_pack("{s:i,s:o}", "id", ids[i], "piece", piece));
+    }
+    free(ids);
+    json_decref(rq);
+    return json_pack("{s:o}", "tokens", arr);
+fail:
+    json_decref(rq);
+    return NULL;
+}
+
+json_t *api_detokenize(struct tokenizer *tok, const char *body, size_t len, struct api_error *e) {
+    json_t *rq = parse_body(body, len, e);
+    if (!rq) return NULL;
+    const json_t *t = json_object_get(rq, "tokens");
+    if (!json_is_array(t)) {
+        bad(e, "tokens", "'tokens' (an array of token ids) is required");
+        json_decref(rq);
+        return NULL;
+    }
+    int n = (int)json_array_size(t), vocab = tokenizer_vocab_size(tok);
+    int32_t *ids = xmalloc((size_t)(n ? n : 1) * sizeof *ids);
+    for (int i = 0; i < n; i++) {
+        const json_t *v = json_array_get(t, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+            bad(e, "tokens", "tokens[%d] must be a token id in 0..%d", i, vocab - 1);
+            free(ids);
+            json_decref(rq);
+            return NULL;
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    size_t tl;
+    char *text = lossy_text(tok, ids, n, &tl);
+    free(ids);
+    json_decref(rq);
+    json_t *r = json_pack("{s:s%}", "content", text, tl);
+    free(text);
+    return r;
+}

@@ -1,0 +1,100 @@
+/* server_api.h - the OpenAI API surface of the server, apart from HTTP: request validation
+ * (OpenAI-shaped errors naming the field), prompt rendering and tokenization, the job a
+ * generation request becomes, its SSE framing while the engine runs, and the JSON responses.
+ * server.c owns the sockets, threads and queue; this file owns the formats. Internal to the
+ * server (server.c, server_api.c, and the tests that drive them). */
+#ifndef STRATA_SERVER_API_H
+#define STRATA_SERVER_API_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "chat.h"
+#include "engine.h"
+
+/* A growable byte string. */
+struct sbuf {
+    char *s; /* NUL-terminated once anything was added */
+    size_t len, cap;
+};
+void sbuf_add(struct sbuf *b, const char *s, size_t n);
+void sbuf_adds(struct sbuf *b, const char *s);
+void sbuf_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends s as a quoted JSON string (s must be valid UTF-8). */
+void sbuf_json_str(struct sbuf *b, const char *s, size_t n);
+
+/* An OpenAI-shaped error: {"error":{"message","type","param","code"}} with an HTTP status. */
+struct api_error {
+    int status;
+    const char *type; /* "invalid_request_error", "server_error", ... */
+    const char *code; /* NULL -> null */
+    char param[64];   /* "" -> null */
+    char message[512];
+};
+json_t *api_error_json(const struct api_error *e);
+
+struct server;
+
+/* One generation request, shared by its connection thread and the engine thread (refs). */
+struct job {
+    struct server *server;
+    struct job *next; /* queue link */
+    int is_chat, stream, include_usage;
+    json_t *request;      /* the parsed body (owned) */
+    const json_t *tools;  /* borrowed from request: tools for the output parser, or NULL */
+    int in_thinking;      /* the rendered prompt opened <think> */
+    int32_t *ids;         /* (n_ids,) prompt tokens */
+    int n_ids;
+    int32_t *bias_ids;    /* (req.sampling.n_bias,) logit_bias */
+    float *bias_values;
+    int32_t *forced;      /* (req.n_forced,) strata_forced_output tokens + <|im_end|>, or NULL */
+    struct engine_request req;
+    char *stops[ENGINE_MAX_STOP];
+    char id[48];
+    long created;
+    char model_name[256];
+    char *chunk_head; /* `data: {"id":...,"choices":[{"index":0,` */
+
+    pthread_mutex_t mu; /* everything below */
+    pthread_cond_t cv;
+    struct sbuf out;    /* SSE bytes not yet taken by the connection */
+    size_t out_pos;
+    struct sbuf text;   /* every released byte of generated text */
+    struct chat_stream *cs;
+    int sent_first;
+    int n_tool_calls;
+    int done, refs, failed, fail_status;
+    char fail_msg[512];
+    atomic_int cancel;
+    const atomic_int *stopping; /* the server's shutdown flag: cancels too (may be NULL) */
+    struct engine_result res;
+    double t_enqueue, t_first; /* now_ms() */
+    double emit_ms;            /* engine-thread time inside the emit callback */
+    int fd;                    /* the client's socket (peer-gone checks), -1 if none */
+    int (*sink)(void *user, const char *frame, size_t n); /* in-process: frames go here */
+    void *sink_user;
+};
+
+/* Parses and validates a /v1/chat/completions (is_chat) or /v1/completions body, renders and
+ * tokenizes the prompt. NULL + e (status 400 naming the field) on a bad request. rng_mu guards
+ * *rng (ids and default seeds). refs = 1 (the caller's). allow_forced: accept the test field
+ * "strata_forced_output" (a text the engine emits by teacher forcing, then <|im_end|>), which
+ * lets tests drive tool-call and reasoning output through a model that would not write it. */
+struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct chat_template *tmpl,
+                        const char *model_name, int is_chat, const char *body, size_t len,
+                        uint64_t *rng, pthread_mutex_t *rng_mu, int allow_forced,
+                        struct api_error *e);
+void api_job_free(struct job *j);
+/* Runs the job on the engine (engine thread), framing SSE as tokens come; sets done. */
+void api_job_run(struct job *j, struct engine *eng);
+/* Ends a job without running it (or after a failure): error event when streaming; sets done. */
+void api_job_fail(struct job *j, int status, const char *msg);
+/* The non-streaming response body (a new reference) and its status, once done. */
+json_t *api_job_response(struct job *j, int *status);
+
+json_t *api_models_json(const char *model_name, long created, struct model *m);
+json_t *api_tokenize(struct tokenizer *tok, const char *body, size_t len, struct api_error *e);
+json_t *api_detokenize(struct tokenizer *tok, const char *body, size_t len, struct api_error *e);
+
+#endif

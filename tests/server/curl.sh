@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# curl.sh - strata serve as curl users see it: the endpoints, a streamed chat read with -N
+# (every event a JSON "data:" line, [DONE] last), the error statuses, and SIGTERM.
+#   bash tests/server/curl.sh        (env: BUILD=build, STRATA_DEMO_MODEL=demo, PORT)
+# Prints "N passed, N failed" last; exits non-zero on any failure.
+set -u
+cd "$(dirname "$0")/../.."
+exe="${BUILD:-build}/strata"
+model="${STRATA_DEMO_MODEL:-demo}"
+port="${PORT:-$((17000 + $$ % 2000))}"
+url="http://127.0.0.1:$port"
+pass=0; fail=0
+ok() { if eval "$1"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $2" >&2; fi; }
+tmp=$(mktemp -d)
+"$exe" serve --model "$model" --port "$port" --backend cpu --threads 1 --quiet >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+for _ in $(seq 100); do curl -sf "$url/health" >/dev/null 2>&1 && break; sleep 0.1; done
+
+ok '[ "$(curl -s "$url/health")" = "{\"status\":\"ok\"}" ]' "/health"
+ok 'curl -s "$url/v1/models" | grep -q "\"object\":\"list\""' "/v1/models"
+ok 'curl -s "$url/metrics" | grep -q "^strata_queue_depth 0"' "/metrics queue depth"
+ok 'curl -s "$url/metrics" | grep -q "^# TYPE strata_ttft_seconds histogram"' "/metrics TTFT histogram"
+
+body='{"messages":[{"role":"user","content":"Hello"}],"max_tokens":16,"temperature":0,"stream":true}'
+curl -sN "$url/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" >"$tmp/sse"
+ok '[ "$(grep -c "^data: {" "$tmp/sse")" -ge 2 ]' "streamed events"
+ok '[ "$(grep "^data: " "$tmp/sse" | tail -n 1)" = "data: [DONE]" ]' "[DONE] last"
+ok '! grep -v "^data: " "$tmp/sse" | grep -q .' "only data lines and blank separators"
+ok 'grep -q "\"finish_reason\":\"" "$tmp/sse"' "finish_reason in the stream"
+
+code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
+ok '[ "$(code "$url/nope")" = 404 ]' "404"
+ok '[ "$(code -X DELETE "$url/v1/models")" = 405 ]' "405"
+ok '[ "$(code "$url/v1/chat/completions" -d "{bad")" = 400 ] && grep -q "line 1, column" "$tmp/body"' "400 malformed JSON with line/column"
+ok '[ "$(code "$url/v1/chat/completions" -d "{\"messages\":[],\"max_tokens\":-1}")" = 400 ]' "400 bad field"
+head -c 9000000 /dev/zero | tr '\0' ' ' >"$tmp/big"
+ok '[ "$(code "$url/v1/chat/completions" --data-binary @"$tmp/big")" = 413 ]' "413 body over 8 MiB"
+ok 'curl -s "$url/health" >/dev/null' "alive after the errors"
+
+kill -TERM "$pid"
+for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; ok false "exit on SIGTERM"; else wait "$pid"; rc=$?; ok '[ "$rc" -eq 0 ]' "exit status 0 on SIGTERM"; fi
+ok 'grep -q "listening on http://127.0.0.1:$port" "$tmp/out"' "ready line with the URL"
+rm -rf "$tmp"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

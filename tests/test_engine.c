@@ -1,0 +1,262 @@
+/* test_engine.c - the engine's stop conditions and streaming text on the bundled demo model
+ * (STRATA_DEMO_MODEL overrides), CPU backend, greedy unless stated:
+ *   - engine_stop_scan on hand-made cases (exact);
+ *   - the engine's greedy ids equal a hand-written prefill + argmax + step loop (exact: the same
+ *     model calls in the same order, so any difference is an engine bug);
+ *   - max_tokens, context full -> "length" with the exact token count, prompt too long -> error;
+ *   - a stop string chosen to straddle a token boundary of the unconstrained output: the output
+ *     ends exactly before it, it is never emitted, finish "stop" (exact string comparison);
+ *   - cancellation from the callback; same seed -> same ids, another seed -> other ids. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "harness.h"
+#include "model.h"
+#include "tokenizer.h"
+
+struct capture {
+    int32_t ids[512];
+    int n;
+    char text[8192];
+    size_t len;
+    int cancel_at; /* return 1 at this token count (0: never) */
+    size_t piece_end[512]; /* text length after token i */
+};
+
+static int cap_emit(void *user, const struct engine_event *ev) {
+    struct capture *c = user;
+    if (c->len + ev->len < sizeof c->text) {
+        memcpy(c->text + c->len, ev->text, ev->len);
+        c->len += ev->len;
+        c->text[c->len] = 0;
+    }
+    if (ev->id >= 0 && c->n < 512) {
+        c->piece_end[c->n] = c->len;
+        c->ids[c->n++] = ev->id;
+    }
+    return c->cancel_at && ev->n_generated >= c->cancel_at;
+}
+
+static void base_request(struct engine_request *r, const int32_t *ids, int n, struct capture *c) {
+    memset(r, 0, sizeof *r);
+    r->prompt = ids;
+    r->n_prompt = n;
+    sampler_params_default(&r->sampling);
+    r->sampling.temperature = 0;
+    r->ignore_eos = 1; /* a random demo model may hit EOS anywhere; counts must be exact */
+    r->emit = cap_emit;
+    r->user = c;
+    memset(c, 0, sizeof *c);
+}
+
+static int utf8_start(unsigned char b) { return (b & 0xc0) != 0x80; }
+
+int main(void) {
+    /* stop scan: exact cases */
+    {
+        const char *stops[2] = {"END", "<|x|>"};
+        int hit;
+        EXPECT(engine_stop_scan("hello", 5, stops, 2, &hit) == 5 && hit == -1, "no stop");
+        EXPECT(engine_stop_scan("helloE", 6, stops, 2, &hit) == 5 && hit == -1, "hold 'E'");
+        EXPECT(engine_stop_scan("helloEN", 7, stops, 2, &hit) == 5 && hit == -1, "hold 'EN'");
+        EXPECT(engine_stop_scan("helloENX", 8, stops, 2, &hit) == 8 && hit == -1, "release ENX");
+        EXPECT(engine_stop_scan("a<|x", 4, stops, 2, &hit) == 1 && hit == -1, "hold '<|x'");
+        EXPECT(engine_stop_scan("aEND<|x|>", 9, stops, 2, &hit) == 1 && hit == 0, "first END");
+        EXPECT(engine_stop_scan("a<|x|>END", 9, stops, 2, &hit) == 1 && hit == 1, "first <|x|>");
+        EXPECT(engine_stop_scan("END", 3, stops, 2, &hit) == 0 && hit == 0, "stop at 0");
+        EXPECT(engine_stop_scan("abc", 3, stops, 0, &hit) == 3 && hit == -1, "no stops");
+    }
+
+    const char *dir = getenv("STRATA_DEMO_MODEL") ? getenv("STRATA_DEMO_MODEL") : "demo";
+    struct error err;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct tokenizer *tok = tokenizer_load(path, &err);
+    EXPECT(tok != NULL, "demo tokenizer %s: %s", path, tok ? "" : err.msg);
+    struct model_options mo = {.backend = BACKEND_CPU, .quiet = 1, .ctx = 256, .n_threads = 1};
+    struct model *m = tok ? model_load(dir, &mo, &err) : NULL;
+    EXPECT(m != NULL, "demo model %s: %s", dir, m ? "" : err.msg);
+    if (!m) return TEST_DONE();
+    struct engine *e = engine_create(m, tok);
+
+    int32_t *prompt;
+    int n_prompt;
+    const char *ptext = "<|im_start|>user\nTell me a story about a dog.<|im_end|>\n"
+                        "<|im_start|>assistant\n";
+    CHECK(tokenizer_encode(tok, ptext, strlen(ptext), &prompt, &n_prompt, &err) == 0);
+
+    struct engine_request r;
+    struct engine_result res;
+    static struct capture c, c2;
+
+    /* greedy ids == the plain model loop */
+    base_request(&r, prompt, n_prompt, &c);
+    r.max_tokens = 40;
+    EXPECT(engine_generate(e, &r, &res, &err) == 0, "generate: %s", err.msg);
+    EXPECT(res.finish == ENGINE_FINISH_LENGTH && res.n_generated == 40 && c.n == 40,
+           "max_tokens 40: finish %s, %d generated, %d emitted", engine_finish_name(res.finish),
+           res.n_generated, c.n);
+    EXPECT(res.timings.prompt_n == n_prompt && res.timings.predicted_n == 40 &&
+               res.timings.prompt_ms > 0 && res.timings.predicted_ms > 0,
+           "timings filled");
+    {
+        model_reset(m);
+        CHECK(model_prefill(m, prompt, n_prompt, NULL, &err) == 0);
+        int same = 1;
+        for (int i = 0; i < 40; i++) {
+            int32_t id = model_argmax(m);
+            if (id != c.ids[i]) same = 0;
+            if (i < 39) CHECK(model_step(m, id) == 0);
+        }
+        EXPECT(same, "engine greedy ids differ from prefill + argmax + step");
+        char *dec = tokenizer_decode(tok, c.ids, 40, NULL);
+        (void)dec;
+        free(dec);
+    }
+    const size_t full_len = c.len;
+    char full[8192];
+    memcpy(full, c.text, c.len + 1);
+    size_t piece_end[512];
+    memcpy(piece_end, c.piece_end, sizeof piece_end);
+
+    /* stop string straddling a token boundary: from the middle of one token's text into the
+     * next, cut at UTF-8 character starts */
+    {
+        int k = -1;
+        size_t a = 0, b = 0;
+        for (int i = 5; i < 38 && k < 0; i++) {
+            size_t s0 = piece_end[i - 1], s1 = piece_end[i], s2 = piece_end[i + 1];
+            if (s1 - s0 < 2 || s2 - s1 < 1) continue;
+            a = s0 + 1;
+            while (a < s1 && !utf8_start((unsigned char)full[a])) a++;
+            b = s1 + 1;
+            while (b < s2 && !utf8_start((unsigned char)full[b])) b++;
+            if (a < s1) k = i;
+        }
+        EXPECT(k >= 0, "found no token boundary to straddle");
+        if (k >= 0) {
+            char stop[256];
+            size_t sl = b - a < sizeof stop - 1 ? b - a : sizeof stop - 1;
+            memcpy(stop, full + a, sl);
+            stop[sl] = 0;
+            const char *first = strstr(full, stop);
+            size_t expect_len = (size_t)(first - full);
+            base_request(&r, prompt, n_prompt, &c2);
+            r.max_tokens = 40;
+            r.stop[0] = stop;
+            r.n_stop = 1;
+            EXPECT(engine_generate(e, &r, &res, &err) == 0, "generate with stop");
+            EXPECT(res.finish == ENGINE_FINISH_STOP && res.stop_index == 0,
+                   "stop string: finish %s, index %d", engine_finish_name(res.finish),
+                   res.stop_index);
+            EXPECT(c2.len == expect_len && memcmp(c2.text, full, expect_len) == 0,
+                   "text before the stop string: got %zu bytes, want %zu", c2.len, expect_len);
+            EXPECT(strstr(c2.text, stop) == NULL, "the stop string was emitted");
+        }
+    }
+
+    /* context full: ctx positions hold the prompt and ctx - n_prompt fed tokens */
+    {
+        struct model_options small = mo;
+        small.ctx = n_prompt + 3;
+        struct model *m2 = model_load(dir, &small, &err);
+        CHECK(m2);
+        struct engine *e2 = engine_create(m2, tok);
+        base_request(&r, prompt, n_prompt, &c2);
+        EXPECT(engine_generate(e2, &r, &res, &err) == 0, "generate to the context end");
+        EXPECT(res.finish == ENGINE_FINISH_LENGTH && res.n_generated == 4,
+               "context full: finish %s after %d tokens, want length after 4",
+               engine_finish_name(res.finish), res.n_generated);
+        EXPECT(memcmp(c2.ids, c.ids, 4 * sizeof *c.ids) == 0, "same first tokens");
+        small.ctx = n_prompt;
+        engine_free(e2);
+        model_free(m2);
+        m2 = model_load(dir, &small, &err);
+        e2 = engine_create(m2, tok);
+        base_request(&r, prompt, n_prompt, &c2);
+        EXPECT(engine_generate(e2, &r, &res, &err) == -1 && strstr(err.msg, "does not fit"),
+               "a prompt filling the context is refused (%s)", err.msg);
+        engine_free(e2);
+        model_free(m2);
+    }
+
+    /* cancellation at the 3rd token */
+    base_request(&r, prompt, n_prompt, &c2);
+    c2.cancel_at = 3;
+    EXPECT(engine_generate(e, &r, &res, &err) == 0 && res.finish == ENGINE_FINISH_CANCELLED &&
+               res.n_generated == 3,
+           "cancel: finish %s after %d", engine_finish_name(res.finish), res.n_generated);
+    atomic_int flag = 1;
+    base_request(&r, prompt, n_prompt, &c2);
+    r.cancel = &flag;
+    EXPECT(engine_generate(e, &r, &res, &err) == 0 && res.finish == ENGINE_FINISH_CANCELLED &&
+               res.n_generated == 0,
+           "a request cancelled before it starts generates nothing");
+
+
+    /* prefix reuse: a prompt extending (prompt + generated) prefills only its tail, and gives
+     * exactly what a reset engine gives (CPU: prefill and steps are the same arithmetic) */
+    {
+        base_request(&r, prompt, n_prompt, &c2);
+        r.max_tokens = 10;
+        CHECK(engine_generate(e, &r, &res, &err) == 0);
+        int32_t *tail;
+        int n_tail;
+        const char *more = "<|im_end|>\n<|im_start|>user\nMore.<|im_end|>\n";
+        CHECK(tokenizer_encode(tok, more, strlen(more), &tail, &n_tail, &err) == 0);
+        int n2 = n_prompt + 9 + n_tail;
+        int32_t *p2 = malloc((size_t)n2 * sizeof *p2);
+        memcpy(p2, prompt, (size_t)n_prompt * sizeof *p2);
+        memcpy(p2 + n_prompt, c2.ids, 9 * sizeof *p2);
+        memcpy(p2 + n_prompt + 9, tail, (size_t)n_tail * sizeof *p2);
+        base_request(&r, p2, n2, &c2);
+        r.max_tokens = 12;
+        CHECK(engine_generate(e, &r, &res, &err) == 0);
+        EXPECT(res.timings.cache_n == n_prompt + 9 && res.timings.prompt_n == n_tail,
+               "prefix reuse: cache_n %d (want %d), prompt_n %d (want %d)", res.timings.cache_n,
+               n_prompt + 9, res.timings.prompt_n, n_tail);
+        int32_t reused[12];
+        memcpy(reused, c2.ids, sizeof reused);
+        engine_set_prefix_reuse(e, 0);
+        base_request(&r, p2, n2, &c2);
+        r.max_tokens = 12;
+        CHECK(engine_generate(e, &r, &res, &err) == 0);
+        EXPECT(res.timings.cache_n == 0 && res.timings.prompt_n == n2, "reuse off: full prefill");
+        EXPECT(memcmp(reused, c2.ids, sizeof reused) == 0,
+               "output after prefix reuse differs from a full prefill");
+        engine_set_prefix_reuse(e, 1);
+        /* the same prompt again is not an extension: full prefill */
+        base_request(&r, p2, n2, &c2);
+        r.max_tokens = 12;
+        CHECK(engine_generate(e, &r, &res, &err) == 0);
+        EXPECT(res.timings.cache_n == 0 && memcmp(reused, c2.ids, sizeof reused) == 0,
+               "a repeated prompt starts from a reset");
+        free(p2);
+        free(tail);
+    }
+
+    /* seeds through the engine */
+    {
+        int32_t a[24], b2[24], d[24];
+        uint64_t seeds[3] = {5, 5, 6};
+        int32_t *outs[3] = {a, b2, d};
+        for (int k = 0; k < 3; k++) {
+            base_request(&r, prompt, n_prompt, &c2);
+            r.sampling.temperature = 1.0f;
+            r.sampling.seed = seeds[k];
+            r.max_tokens = 24;
+            CHECK(engine_generate(e, &r, &res, &err) == 0);
+            memcpy(outs[k], c2.ids, sizeof a);
+        }
+        EXPECT(memcmp(a, b2, sizeof a) == 0, "same seed, same ids");
+        EXPECT(memcmp(a, d, sizeof a) != 0, "another seed, other ids");
+    }
+    (void)full_len;
+
+    free(prompt);
+    engine_free(e);
+    model_free(m);
+    tokenizer_free(tok);
+    return TEST_DONE();
+}
