@@ -20,40 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- growable string ------------------------------------------------------------------ */
-
-void chat_buf_add(struct chat_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        b->s = xrealloc(b->s, cap);
-        b->cap = cap;
-    }
-    if (n) memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-void chat_buf_adds(struct chat_buf *b, const char *s) { chat_buf_add(b, s, strlen(s)); }
-
-char *chat_buf_take(struct chat_buf *b) {
-    char *s = b->s ? b->s : xstrdup("");
-    b->s = NULL;
-    b->len = b->cap = 0;
-    return s;
-}
-
-static void buf_printf(struct chat_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(struct chat_buf *b, const char *fmt, ...) {
-    char tmp[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    CHECK(n >= 0 && n < (int)sizeof tmp);
-    chat_buf_add(b, tmp, (size_t)n);
-}
-
 /* ---- UTF-8 and Python string semantics ------------------------------------------------ */
 
 /* Decodes one code point at s[0..n); returns its byte length (1 for a stray byte). */
@@ -130,44 +96,44 @@ static int py_nonprintable(unsigned c) {
 }
 
 /* repr(str) */
-static void py_repr_str(struct chat_buf *b, const char *s) {
+static void py_repr_str(struct strbuf *b, const char *s) {
     char q = (strchr(s, '\'') && !strchr(s, '"')) ? '"' : '\'';
-    chat_buf_add(b, &q, 1);
+    strbuf_add(b, &q, 1);
     const unsigned char *u = (const unsigned char *)s;
     size_t n = strlen(s);
     for (size_t i = 0; i < n;) {
         unsigned cp;
         int l = utf8_decode(u + i, n - i, &cp);
-        if (cp == '\\') chat_buf_adds(b, "\\\\");
+        if (cp == '\\') strbuf_adds(b, "\\\\");
         else if (cp == (unsigned)q) {
-            chat_buf_add(b, "\\", 1);
-            chat_buf_add(b, &q, 1);
-        } else if (cp == '\t') chat_buf_adds(b, "\\t");
-        else if (cp == '\n') chat_buf_adds(b, "\\n");
-        else if (cp == '\r') chat_buf_adds(b, "\\r");
+            strbuf_add(b, "\\", 1);
+            strbuf_add(b, &q, 1);
+        } else if (cp == '\t') strbuf_adds(b, "\\t");
+        else if (cp == '\n') strbuf_adds(b, "\\n");
+        else if (cp == '\r') strbuf_adds(b, "\\r");
         else if (cp != ' ' && py_nonprintable(cp)) {
-            if (cp < 0x100) buf_printf(b, "\\x%02x", cp);
-            else if (cp < 0x10000) buf_printf(b, "\\u%04x", cp);
-            else buf_printf(b, "\\U%08x", cp);
-        } else chat_buf_add(b, s + i, (size_t)l);
+            if (cp < 0x100) strbuf_printf(b, "\\x%02x", cp);
+            else if (cp < 0x10000) strbuf_printf(b, "\\u%04x", cp);
+            else strbuf_printf(b, "\\U%08x", cp);
+        } else strbuf_add(b, s + i, (size_t)l);
         i += (size_t)l;
     }
-    chat_buf_add(b, &q, 1);
+    strbuf_add(b, &q, 1);
 }
 
 /* repr(float) / json.dumps(float): the shortest digits that read back to d (what %.*e gives
  * at the smallest precision that round-trips), fixed notation when -4 < exponent < 16. */
-static void py_float(struct chat_buf *b, double d, int json) {
+static void py_float(struct strbuf *b, double d, int json) {
     if (isnan(d)) {
-        chat_buf_adds(b, json ? "NaN" : "nan");
+        strbuf_adds(b, json ? "NaN" : "nan");
         return;
     }
     if (isinf(d)) {
-        chat_buf_adds(b, d < 0 ? (json ? "-Infinity" : "-inf") : (json ? "Infinity" : "inf"));
+        strbuf_adds(b, d < 0 ? (json ? "-Infinity" : "-inf") : (json ? "Infinity" : "inf"));
         return;
     }
     if (d == 0) {
-        chat_buf_adds(b, signbit(d) ? "-0.0" : "0.0");
+        strbuf_adds(b, signbit(d) ? "-0.0" : "0.0");
         return;
     }
     char e[40];
@@ -178,7 +144,7 @@ static void py_float(struct chat_buf *b, double d, int json) {
     /* e = [-]D[.DDD]e(+|-)XX */
     const char *q = e;
     if (*q == '-') {
-        chat_buf_add(b, "-", 1);
+        strbuf_add(b, "-", 1);
         q++;
     }
     char digits[24];
@@ -188,29 +154,29 @@ static void py_float(struct chat_buf *b, double d, int json) {
     while (nd > 1 && digits[nd - 1] == '0') nd--;
     int decpt = atoi(q + 1) + 1; /* d = 0.DIGITS * 10^decpt */
     if (decpt > 16 || decpt < -3) {
-        chat_buf_add(b, digits, 1);
+        strbuf_add(b, digits, 1);
         if (nd > 1) {
-            chat_buf_add(b, ".", 1);
-            chat_buf_add(b, digits + 1, (size_t)nd - 1);
+            strbuf_add(b, ".", 1);
+            strbuf_add(b, digits + 1, (size_t)nd - 1);
         }
-        buf_printf(b, "e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
+        strbuf_printf(b, "e%c%02d", decpt - 1 < 0 ? '-' : '+', abs(decpt - 1));
     } else if (decpt <= 0) {
-        chat_buf_adds(b, "0.");
-        for (int i = 0; i < -decpt; i++) chat_buf_add(b, "0", 1);
-        chat_buf_add(b, digits, (size_t)nd);
+        strbuf_adds(b, "0.");
+        for (int i = 0; i < -decpt; i++) strbuf_add(b, "0", 1);
+        strbuf_add(b, digits, (size_t)nd);
     } else if (decpt >= nd) {
-        chat_buf_add(b, digits, (size_t)nd);
-        for (int i = nd; i < decpt; i++) chat_buf_add(b, "0", 1);
-        chat_buf_adds(b, ".0");
+        strbuf_add(b, digits, (size_t)nd);
+        for (int i = nd; i < decpt; i++) strbuf_add(b, "0", 1);
+        strbuf_adds(b, ".0");
     } else {
-        chat_buf_add(b, digits, (size_t)decpt);
-        chat_buf_add(b, ".", 1);
-        chat_buf_add(b, digits + decpt, (size_t)(nd - decpt));
+        strbuf_add(b, digits, (size_t)decpt);
+        strbuf_add(b, ".", 1);
+        strbuf_add(b, digits + decpt, (size_t)(nd - decpt));
     }
 }
 
-static void json_str(struct chat_buf *b, const char *s, size_t n) {
-    chat_buf_add(b, "\"", 1);
+static void json_str(struct strbuf *b, const char *s, size_t n) {
+    strbuf_add(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -228,97 +194,97 @@ static void json_str(struct chat_buf *b, const char *s, size_t n) {
             esc = u;
         }
         if (esc) {
-            chat_buf_add(b, s + run, i - run);
-            chat_buf_adds(b, esc);
+            strbuf_add(b, s + run, i - run);
+            strbuf_adds(b, esc);
             run = i + 1;
         }
     }
-    chat_buf_add(b, s + run, n - run);
-    chat_buf_add(b, "\"", 1);
+    strbuf_add(b, s + run, n - run);
+    strbuf_add(b, "\"", 1);
 }
 
-static void tojson(struct chat_buf *b, const json_t *v) {
+static void tojson(struct strbuf *b, const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *k;
         json_t *x;
         int first = 1;
-        chat_buf_add(b, "{", 1);
+        strbuf_add(b, "{", 1);
         json_object_foreach((json_t *)v, k, x) {
-            if (!first) chat_buf_adds(b, ", ");
+            if (!first) strbuf_adds(b, ", ");
             first = 0;
             json_str(b, k, strlen(k));
-            chat_buf_adds(b, ": ");
+            strbuf_adds(b, ": ");
             tojson(b, x);
         }
-        chat_buf_add(b, "}", 1);
+        strbuf_add(b, "}", 1);
         break;
     }
     case JSON_ARRAY:
-        chat_buf_add(b, "[", 1);
+        strbuf_add(b, "[", 1);
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) chat_buf_adds(b, ", ");
+            if (i) strbuf_adds(b, ", ");
             tojson(b, json_array_get(v, i));
         }
-        chat_buf_add(b, "]", 1);
+        strbuf_add(b, "]", 1);
         break;
     case JSON_STRING: json_str(b, json_string_value(v), json_string_length(v)); break;
-    case JSON_INTEGER: buf_printf(b, "%lld", (long long)json_integer_value(v)); break;
+    case JSON_INTEGER: strbuf_printf(b, "%lld", (long long)json_integer_value(v)); break;
     case JSON_REAL: py_float(b, json_real_value(v), 1); break;
-    case JSON_TRUE: chat_buf_adds(b, "true"); break;
-    case JSON_FALSE: chat_buf_adds(b, "false"); break;
-    case JSON_NULL: chat_buf_adds(b, "null"); break;
+    case JSON_TRUE: strbuf_adds(b, "true"); break;
+    case JSON_FALSE: strbuf_adds(b, "false"); break;
+    case JSON_NULL: strbuf_adds(b, "null"); break;
     }
 }
 
 /* str(v) (repr for the items inside a container, as Python prints them). */
-static void pystr(struct chat_buf *b, const json_t *v, int as_repr) {
+static void pystr(struct strbuf *b, const json_t *v, int as_repr) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *k;
         json_t *x;
         int first = 1;
-        chat_buf_add(b, "{", 1);
+        strbuf_add(b, "{", 1);
         json_object_foreach((json_t *)v, k, x) {
-            if (!first) chat_buf_adds(b, ", ");
+            if (!first) strbuf_adds(b, ", ");
             first = 0;
             py_repr_str(b, k);
-            chat_buf_adds(b, ": ");
+            strbuf_adds(b, ": ");
             pystr(b, x, 1);
         }
-        chat_buf_add(b, "}", 1);
+        strbuf_add(b, "}", 1);
         break;
     }
     case JSON_ARRAY:
-        chat_buf_add(b, "[", 1);
+        strbuf_add(b, "[", 1);
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) chat_buf_adds(b, ", ");
+            if (i) strbuf_adds(b, ", ");
             pystr(b, json_array_get(v, i), 1);
         }
-        chat_buf_add(b, "]", 1);
+        strbuf_add(b, "]", 1);
         break;
     case JSON_STRING:
         if (as_repr) py_repr_str(b, json_string_value(v));
-        else chat_buf_add(b, json_string_value(v), json_string_length(v));
+        else strbuf_add(b, json_string_value(v), json_string_length(v));
         break;
-    case JSON_INTEGER: buf_printf(b, "%lld", (long long)json_integer_value(v)); break;
+    case JSON_INTEGER: strbuf_printf(b, "%lld", (long long)json_integer_value(v)); break;
     case JSON_REAL: py_float(b, json_real_value(v), 0); break;
-    case JSON_TRUE: chat_buf_adds(b, "True"); break;
-    case JSON_FALSE: chat_buf_adds(b, "False"); break;
-    case JSON_NULL: chat_buf_adds(b, "None"); break;
+    case JSON_TRUE: strbuf_adds(b, "True"); break;
+    case JSON_FALSE: strbuf_adds(b, "False"); break;
+    case JSON_NULL: strbuf_adds(b, "None"); break;
     }
 }
 
 char *chat_tojson(const json_t *v) {
-    struct chat_buf b = {0};
+    struct strbuf b = {0};
     tojson(&b, v);
-    return chat_buf_take(&b);
+    return strbuf_take(&b);
 }
 
 char *chat_pystr(const json_t *v) {
-    struct chat_buf b = {0};
+    struct strbuf b = {0};
     pystr(&b, v, 0);
-    return chat_buf_take(&b);
+    return strbuf_take(&b);
 }
 
 /* Python type names, for the TypeError texts the template can raise. */
@@ -377,7 +343,7 @@ static int py_in(const char *needle, const json_t *v, struct error *err) {
 
 struct render {
     const struct chat_template *t;
-    struct chat_buf out;
+    struct strbuf out;
     int image_count, video_count; /* namespace(value=0) counters */
     int add_vision_id;
     struct error *err;
@@ -387,9 +353,9 @@ struct render {
  * the `|trim` every call site applies. Returns a malloc'd string or NULL with r->err set. */
 static char *render_content(struct render *r, const json_t *content, int do_vision_count,
                             int is_system_content) {
-    struct chat_buf b = {0};
+    struct strbuf b = {0};
     if (json_is_string(content)) { /* {%- if content is string %} */
-        chat_buf_add(&b, json_string_value(content), json_string_length(content));
+        strbuf_add(&b, json_string_value(content), json_string_length(content));
     } else if (json_is_array(content)) { /* content is iterable and content is not mapping */
         for (size_t i = 0; i < json_array_size(content); i++) {
             const json_t *item = json_array_get(content, i);
@@ -404,8 +370,8 @@ static char *render_content(struct render *r, const json_t *content, int do_visi
                     goto fail;
                 }
                 if (do_vision_count) r->image_count++;
-                if (r->add_vision_id) buf_printf(&b, "Picture %d: ", r->image_count);
-                chat_buf_adds(&b, "<|vision_start|><|image_pad|><|vision_end|>");
+                if (r->add_vision_id) strbuf_printf(&b, "Picture %d: ", r->image_count);
+                strbuf_adds(&b, "<|vision_start|><|image_pad|><|vision_end|>");
                 continue;
             }
             /* 'video' in item or item.type == 'video' */
@@ -415,8 +381,8 @@ static char *render_content(struct render *r, const json_t *content, int do_visi
                     goto fail;
                 }
                 if (do_vision_count) r->video_count++;
-                if (r->add_vision_id) buf_printf(&b, "Video %d: ", r->video_count);
-                chat_buf_adds(&b, "<|vision_start|><|video_pad|><|vision_end|>");
+                if (r->add_vision_id) strbuf_printf(&b, "Video %d: ", r->video_count);
+                strbuf_adds(&b, "<|vision_start|><|video_pad|><|vision_end|>");
                 continue;
             }
             if (py_in("text", item, r->err)) { /* {{- item.text }}: Undefined prints as '' */
@@ -431,7 +397,7 @@ static char *render_content(struct render *r, const json_t *content, int do_visi
         error_set(r->err, "Unexpected content type.");
         goto fail;
     }
-    char *s = chat_buf_take(&b);
+    char *s = strbuf_take(&b);
     char *t = py_trim_dup(s);
     free(s);
     return t;
@@ -476,12 +442,12 @@ static int render_tool_calls(struct render *r, const json_t *tool_calls, const c
         if (i == 0) {
             size_t a, len;
             py_strip(content, strlen(content), &a, &len);
-            chat_buf_adds(&r->out, len ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
+            strbuf_adds(&r->out, len ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
         } else {
-            chat_buf_adds(&r->out, "\n<tool_call>\n<function=");
+            strbuf_adds(&r->out, "\n<tool_call>\n<function=");
         }
-        chat_buf_adds(&r->out, name);
-        chat_buf_adds(&r->out, ">\n");
+        strbuf_adds(&r->out, name);
+        strbuf_adds(&r->out, ">\n");
         const json_t *args = jget(tc, "arguments");
         if (args) { /* {%- if tool_call.arguments is defined %} */
             json_t *parsed = NULL;
@@ -497,17 +463,17 @@ static int render_tool_calls(struct render *r, const json_t *tool_calls, const c
             const char *k;
             json_t *v;
             json_object_foreach((json_t *)args, k, v) {
-                chat_buf_adds(&r->out, "<parameter=");
-                chat_buf_adds(&r->out, k);
-                chat_buf_adds(&r->out, ">\n");
+                strbuf_adds(&r->out, "<parameter=");
+                strbuf_adds(&r->out, k);
+                strbuf_adds(&r->out, ">\n");
                 /* tojson if mapping or (sequence and not string) else |string */
                 if (json_is_object(v) || json_is_array(v)) tojson(&r->out, v);
                 else pystr(&r->out, v, 0);
-                chat_buf_adds(&r->out, "\n</parameter>\n");
+                strbuf_adds(&r->out, "\n</parameter>\n");
             }
             json_decref(parsed);
         }
-        chat_buf_adds(&r->out, "</function>\n</tool_call>");
+        strbuf_adds(&r->out, "</function>\n</tool_call>");
         json_decref(owned);
     }
     return 0;
@@ -545,11 +511,11 @@ int chat_render(const struct chat_template *t, const json_t *req, char **out, st
     /* {%- if tools and tools is iterable and tools is not mapping %} */
     const json_t *tools = jget(req, "tools");
     if (py_truthy(tools) && (json_is_array(tools) || json_is_string(tools))) {
-        chat_buf_adds(&r.out, "<|im_start|>system\n# Tools\n\nYou have access to the following "
+        strbuf_adds(&r.out, "<|im_start|>system\n# Tools\n\nYou have access to the following "
                               "functions:\n\n<tools>");
         if (json_is_array(tools)) {
             for (size_t i = 0; i < json_array_size(tools); i++) {
-                chat_buf_add(&r.out, "\n", 1);
+                strbuf_add(&r.out, "\n", 1);
                 tojson(&r.out, json_array_get(tools, i));
             }
         } else { /* a string iterates by character */
@@ -558,12 +524,12 @@ int chat_render(const struct chat_template *t, const json_t *req, char **out, st
             for (size_t i = 0; i < len;) {
                 unsigned cp;
                 int l = utf8_decode((const unsigned char *)s + i, len - i, &cp);
-                chat_buf_add(&r.out, "\n", 1);
+                strbuf_add(&r.out, "\n", 1);
                 json_str(&r.out, s + i, (size_t)l);
                 i += (size_t)l;
             }
         }
-        chat_buf_adds(
+        strbuf_adds(
             &r.out,
             "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format "
             "with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter="
@@ -580,19 +546,19 @@ int chat_render(const struct chat_template *t, const json_t *req, char **out, st
             content = render_content(&r, jget(first, "content"), 0, 1);
             if (!content) goto fail;
             if (*content) {
-                chat_buf_adds(&r.out, "\n\n");
-                chat_buf_adds(&r.out, content);
+                strbuf_adds(&r.out, "\n\n");
+                strbuf_adds(&r.out, content);
             }
             free(content);
             content = NULL;
         }
-        chat_buf_adds(&r.out, "<|im_end|>\n");
+        strbuf_adds(&r.out, "<|im_end|>\n");
     } else if (first_is_system) {
         content = render_content(&r, jget(first, "content"), 0, 1);
         if (!content) goto fail;
-        chat_buf_adds(&r.out, "<|im_start|>system\n");
-        chat_buf_adds(&r.out, content);
-        chat_buf_adds(&r.out, "<|im_end|>\n");
+        strbuf_adds(&r.out, "<|im_start|>system\n");
+        strbuf_adds(&r.out, content);
+        strbuf_adds(&r.out, "<|im_end|>\n");
         free(content);
         content = NULL;
     }
@@ -629,9 +595,9 @@ int chat_render(const struct chat_template *t, const json_t *req, char **out, st
                 goto fail;
             }
         } else if (!strcmp(role, "user")) {
-            chat_buf_adds(&r.out, "<|im_start|>user\n");
-            chat_buf_adds(&r.out, content);
-            chat_buf_adds(&r.out, "<|im_end|>\n");
+            strbuf_adds(&r.out, "<|im_start|>user\n");
+            strbuf_adds(&r.out, content);
+            strbuf_adds(&r.out, "<|im_end|>\n");
         } else if (!strcmp(role, "assistant")) {
             const json_t *rc = jget(m, "reasoning_content");
             char *body = content; /* the content shown after the reasoning */
@@ -659,29 +625,29 @@ int chat_render(const struct chat_template *t, const json_t *req, char **out, st
                 reasoning = xstrdup("");
             }
             if (i > last_query_index) {
-                chat_buf_adds(&r.out, "<|im_start|>assistant\n<think>\n");
-                chat_buf_adds(&r.out, reasoning);
-                chat_buf_adds(&r.out, "\n</think>\n\n");
+                strbuf_adds(&r.out, "<|im_start|>assistant\n<think>\n");
+                strbuf_adds(&r.out, reasoning);
+                strbuf_adds(&r.out, "\n</think>\n\n");
             } else {
-                chat_buf_adds(&r.out, "<|im_start|>assistant\n");
+                strbuf_adds(&r.out, "<|im_start|>assistant\n");
             }
-            chat_buf_adds(&r.out, body);
+            strbuf_adds(&r.out, body);
             free(reasoning);
             reasoning = NULL;
             const json_t *tcs = jget(m, "tool_calls");
             if (py_truthy(tcs) && (json_is_array(tcs) || json_is_string(tcs)))
                 if (render_tool_calls(&r, tcs, body) < 0) goto fail;
-            chat_buf_adds(&r.out, "<|im_end|>\n");
+            strbuf_adds(&r.out, "<|im_end|>\n");
         } else if (!strcmp(role, "tool")) {
             /* loop.previtem and loop.previtem.role != "tool" */
             if (i > 0 && py_truthy(json_array_get(messages, i - 1)) &&
                 strcmp(role_of(json_array_get(messages, i - 1)), "tool") != 0)
-                chat_buf_adds(&r.out, "<|im_start|>user");
-            chat_buf_adds(&r.out, "\n<tool_response>\n");
-            chat_buf_adds(&r.out, content);
-            chat_buf_adds(&r.out, "\n</tool_response>");
+                strbuf_adds(&r.out, "<|im_start|>user");
+            strbuf_adds(&r.out, "\n<tool_response>\n");
+            strbuf_adds(&r.out, content);
+            strbuf_adds(&r.out, "\n</tool_response>");
             if (i + 1 == n || strcmp(role_of(json_array_get(messages, i + 1)), "tool") != 0)
-                chat_buf_adds(&r.out, "<|im_end|>\n");
+                strbuf_adds(&r.out, "<|im_end|>\n");
         } else {
             error_set(err, "Unexpected message role.");
             goto fail;
@@ -698,10 +664,10 @@ int chat_render(const struct chat_template *t, const json_t *req, char **out, st
             think = !json_is_false(thinking); /* enable_thinking is defined and ... is false */
         else
             think = json_is_true(thinking); /* enable_thinking is defined and ... is true */
-        chat_buf_adds(&r.out, think ? "<|im_start|>assistant\n<think>\n"
+        strbuf_adds(&r.out, think ? "<|im_start|>assistant\n<think>\n"
                                     : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     }
-    *out = chat_buf_take(&r.out);
+    *out = strbuf_take(&r.out);
     return 0;
 fail:
     free(content);

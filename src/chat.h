@@ -64,13 +64,6 @@ char *chat_tojson(const json_t *v);
 char *chat_pystr(const json_t *v);
 
 /* A growable byte string (used by chat.c and chat_parse.c). */
-struct chat_buf {
-    char *s; /* NUL-terminated, or NULL while empty */
-    size_t len, cap;
-};
-void chat_buf_add(struct chat_buf *b, const char *s, size_t n);
-void chat_buf_adds(struct chat_buf *b, const char *s);
-char *chat_buf_take(struct chat_buf *b); /* returns the string ("" if empty), resets b */
 
 /* ---- output parsing --------------------------------------------------------------------
  * Generated text is split into

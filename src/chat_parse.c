@@ -47,10 +47,10 @@ struct chat_stream {
     char id_prefix[64];
     chat_delta_fn fn;
     void *user;
-    struct chat_buf pend; /* text not yet consumed */
+    struct strbuf pend; /* text not yet consumed */
     int skip_nl;          /* drop newlines at the start of the next text */
     int saw_reasoning;
-    struct chat_buf raw; /* newlines + "<tool_call>" held while the call header is unproven */
+    struct strbuf raw; /* newlines + "<tool_call>" held while the call header is unproven */
     int n_calls, truncated;
     /* the call being parsed */
     const json_t *props; /* its parameters.properties, or NULL */
@@ -59,7 +59,7 @@ struct chat_stream {
     char *key;
     int param_string; /* streamed as a JSON string; else buffered in val and typed */
     int param_first;  /* the value's first newline is not yet dropped */
-    struct chat_buf val;
+    struct strbuf val;
 };
 
 static void emit_text(struct chat_stream *s, enum chat_delta_kind kind, const char *t, size_t n) {
@@ -73,31 +73,31 @@ static void emit_args(struct chat_stream *s, const char *t, size_t n) {
 }
 
 /* JSON string escaping without the quotes (Python json.dumps, ensure_ascii=False). */
-static void json_escape(struct chat_buf *b, const char *s, size_t n) {
+static void json_escape(struct strbuf *b, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         char u[8];
         switch (c) {
-        case '"': chat_buf_adds(b, "\\\""); break;
-        case '\\': chat_buf_adds(b, "\\\\"); break;
-        case '\n': chat_buf_adds(b, "\\n"); break;
-        case '\r': chat_buf_adds(b, "\\r"); break;
-        case '\t': chat_buf_adds(b, "\\t"); break;
-        case '\b': chat_buf_adds(b, "\\b"); break;
-        case '\f': chat_buf_adds(b, "\\f"); break;
+        case '"': strbuf_adds(b, "\\\""); break;
+        case '\\': strbuf_adds(b, "\\\\"); break;
+        case '\n': strbuf_adds(b, "\\n"); break;
+        case '\r': strbuf_adds(b, "\\r"); break;
+        case '\t': strbuf_adds(b, "\\t"); break;
+        case '\b': strbuf_adds(b, "\\b"); break;
+        case '\f': strbuf_adds(b, "\\f"); break;
         default:
             if (c < 0x20) {
                 snprintf(u, sizeof u, "\\u%04x", c);
-                chat_buf_adds(b, u);
+                strbuf_adds(b, u);
             } else {
-                chat_buf_add(b, (const char *)&c, 1);
+                strbuf_add(b, (const char *)&c, 1);
             }
         }
     }
 }
 
 static void emit_args_escaped(struct chat_stream *s, const char *t, size_t n) {
-    struct chat_buf b = {0};
+    struct strbuf b = {0};
     json_escape(&b, t, n);
     emit_args(s, b.s, b.len);
     free(b.s);
@@ -196,11 +196,11 @@ static char *typed_value(const json_t *props, const char *key, const char *v, si
     if (ok) {
         r = chat_tojson(j);
     } else {
-        struct chat_buf b = {0};
-        chat_buf_add(&b, "\"", 1);
+        struct strbuf b = {0};
+        strbuf_add(&b, "\"", 1);
         json_escape(&b, v, n);
-        chat_buf_add(&b, "\"", 1);
-        r = chat_buf_take(&b);
+        strbuf_add(&b, "\"", 1);
+        r = strbuf_take(&b);
     }
     json_decref(j);
     return r;
@@ -236,10 +236,10 @@ static void start_param(struct chat_stream *s, const char *key, size_t n) {
     s->param_first = 1;
     s->val.len = 0;
     if (s->param_string) {
-        struct chat_buf b = {0};
-        chat_buf_adds(&b, s->n_params ? ", \"" : "{\"");
+        struct strbuf b = {0};
+        strbuf_adds(&b, s->n_params ? ", \"" : "{\"");
         json_escape(&b, key, n);
-        chat_buf_adds(&b, "\": \"");
+        strbuf_adds(&b, "\": \"");
         emit_args(s, b.s, b.len);
         free(b.s);
         s->n_params++;
@@ -253,13 +253,13 @@ static void end_param(struct chat_stream *s, const char *p, size_t n) {
         emit_args(s, "\"", 1);
         return;
     }
-    chat_buf_add(&s->val, p, n);
+    strbuf_add(&s->val, p, n);
     char *v = typed_value(s->props, s->key, s->val.s ? s->val.s : "", s->val.len);
-    struct chat_buf b = {0};
-    chat_buf_adds(&b, s->n_params ? ", \"" : "{\"");
+    struct strbuf b = {0};
+    strbuf_adds(&b, s->n_params ? ", \"" : "{\"");
     json_escape(&b, s->key, strlen(s->key));
-    chat_buf_adds(&b, "\": ");
-    chat_buf_adds(&b, v);
+    strbuf_adds(&b, "\": ");
+    strbuf_adds(&b, v);
     emit_args(s, b.s, b.len);
     free(b.s);
     free(v);
@@ -319,8 +319,8 @@ static size_t step(struct chat_stream *s, const char *p, size_t n, int final) {
                     s->skip_nl = 1;
                 } else {
                     s->raw.len = 0;
-                    chat_buf_add(&s->raw, q + t, e - t);
-                    chat_buf_adds(&s->raw, TAG_TC);
+                    strbuf_add(&s->raw, q + t, e - t);
+                    strbuf_adds(&s->raw, TAG_TC);
                     s->st = ST_TC_OPEN;
                 }
                 break;
@@ -422,7 +422,7 @@ static size_t step(struct chat_stream *s, const char *p, size_t n, int final) {
             }
             if (hold < m && q[m - hold - 1] == '\n') hold++;
             if (s->param_string) emit_args_escaped(s, q, m - hold);
-            else chat_buf_add(&s->val, q, m - hold);
+            else strbuf_add(&s->val, q, m - hold);
             return used + m - hold;
         }
         case ST_TC_CLOSE: {
@@ -471,7 +471,7 @@ struct chat_stream *chat_stream_new(int in_thinking, const json_t *tools, const 
 }
 
 void chat_stream_push(struct chat_stream *s, const char *text, size_t len) {
-    chat_buf_add(&s->pend, text, len);
+    strbuf_add(&s->pend, text, len);
     run(s, 0);
 }
 
@@ -495,7 +495,7 @@ void chat_stream_free(struct chat_stream *s) {
 /* ---- whole-text parsing --------------------------------------------------------------- */
 
 struct collect {
-    struct chat_buf content, reasoning, args;
+    struct strbuf content, reasoning, args;
     struct chat_parsed *out;
 };
 
@@ -503,10 +503,10 @@ static void collect_delta(void *user, const struct chat_delta *d) {
     struct collect *c = user;
     struct chat_parsed *p = c->out;
     switch (d->kind) {
-    case CHAT_DELTA_CONTENT: chat_buf_add(&c->content, d->text, d->len); break;
-    case CHAT_DELTA_REASONING: chat_buf_add(&c->reasoning, d->text, d->len); break;
+    case CHAT_DELTA_CONTENT: strbuf_add(&c->content, d->text, d->len); break;
+    case CHAT_DELTA_REASONING: strbuf_add(&c->reasoning, d->text, d->len); break;
     case CHAT_DELTA_TOOL_START:
-        if (p->n_tool_calls) p->tool_calls[p->n_tool_calls - 1].arguments = chat_buf_take(&c->args);
+        if (p->n_tool_calls) p->tool_calls[p->n_tool_calls - 1].arguments = strbuf_take(&c->args);
         p->tool_calls = xrealloc(p->tool_calls, (size_t)(p->n_tool_calls + 1) * sizeof *p->tool_calls);
         p->tool_calls[p->n_tool_calls].id = xstrdup(d->id);
         p->tool_calls[p->n_tool_calls].name = xstrdup(d->name);
@@ -515,7 +515,7 @@ static void collect_delta(void *user, const struct chat_delta *d) {
         break;
     case CHAT_DELTA_TOOL_ARGS:
         CHECK(d->index == p->n_tool_calls - 1);
-        chat_buf_add(&c->args, d->text, d->len);
+        strbuf_add(&c->args, d->text, d->len);
         break;
     }
 }
@@ -527,9 +527,9 @@ void chat_parse(const char *text, size_t len, int in_thinking, const json_t *too
     struct chat_stream *s = chat_stream_new(in_thinking, tools, id_prefix, collect_delta, &c);
     chat_stream_push(s, text, len);
     chat_stream_finish(s);
-    if (out->n_tool_calls) out->tool_calls[out->n_tool_calls - 1].arguments = chat_buf_take(&c.args);
-    out->content = chat_buf_take(&c.content);
-    out->reasoning_content = s->saw_reasoning ? chat_buf_take(&c.reasoning) : NULL;
+    if (out->n_tool_calls) out->tool_calls[out->n_tool_calls - 1].arguments = strbuf_take(&c.args);
+    out->content = strbuf_take(&c.content);
+    out->reasoning_content = s->saw_reasoning ? strbuf_take(&c.reasoning) : NULL;
     out->truncated = s->truncated;
     free(c.reasoning.s);
     free(c.args.s);

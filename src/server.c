@@ -107,7 +107,7 @@ struct conn {
     enum route route;
     int status;       /* non-zero: an error decided before the body was read */
     char err_msg[256];
-    struct sbuf body;
+    struct strbuf body;
     int too_large;
     int fd;
 };
@@ -340,65 +340,65 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
 }
 
 static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c) {
-    struct sbuf b = {0};
+    struct strbuf b = {0};
     pthread_mutex_lock(&s->mu);
     struct metrics m = s->met;
     int q = s->q_len, running = s->running;
     pthread_mutex_unlock(&s->mu);
-    sbuf_printf(&b, "# HELP strata_requests_total HTTP requests received.\n"
+    strbuf_printf(&b, "# HELP strata_requests_total HTTP requests received.\n"
                     "# TYPE strata_requests_total counter\nstrata_requests_total %lu\n",
                 m.requests);
-    sbuf_printf(&b, "# HELP strata_requests_errors_total HTTP requests answered with an error.\n"
+    strbuf_printf(&b, "# HELP strata_requests_errors_total HTTP requests answered with an error.\n"
                     "# TYPE strata_requests_errors_total counter\nstrata_requests_errors_total %lu\n",
                 m.errors);
-    sbuf_printf(&b, "# HELP strata_generations_total Generation requests run by the engine.\n"
+    strbuf_printf(&b, "# HELP strata_generations_total Generation requests run by the engine.\n"
                     "# TYPE strata_generations_total counter\nstrata_generations_total %lu\n",
                 m.generations);
-    sbuf_printf(&b, "# HELP strata_generations_cancelled_total Generations cancelled by a client "
+    strbuf_printf(&b, "# HELP strata_generations_cancelled_total Generations cancelled by a client "
                     "disconnect.\n# TYPE strata_generations_cancelled_total counter\n"
                     "strata_generations_cancelled_total %lu\n",
                 m.cancelled);
-    sbuf_printf(&b, "# HELP strata_prompt_tokens_total Prompt tokens prefilled.\n"
+    strbuf_printf(&b, "# HELP strata_prompt_tokens_total Prompt tokens prefilled.\n"
                     "# TYPE strata_prompt_tokens_total counter\nstrata_prompt_tokens_total %lu\n",
                 m.prompt_tokens);
-    sbuf_printf(&b, "# HELP strata_tokens_generated_total Tokens generated.\n"
+    strbuf_printf(&b, "# HELP strata_tokens_generated_total Tokens generated.\n"
                     "# TYPE strata_tokens_generated_total counter\n"
                     "strata_tokens_generated_total %lu\n",
                 m.generated_tokens);
-    sbuf_printf(&b, "# HELP strata_prompt_seconds_total Time spent in prefill.\n"
+    strbuf_printf(&b, "# HELP strata_prompt_seconds_total Time spent in prefill.\n"
                     "# TYPE strata_prompt_seconds_total counter\nstrata_prompt_seconds_total %.6f\n",
                 m.prompt_seconds);
-    sbuf_printf(&b, "# HELP strata_decode_seconds_total Time spent decoding.\n"
+    strbuf_printf(&b, "# HELP strata_decode_seconds_total Time spent decoding.\n"
                     "# TYPE strata_decode_seconds_total counter\nstrata_decode_seconds_total %.6f\n",
                 m.decode_seconds);
-    sbuf_printf(&b, "# HELP strata_stream_emit_seconds_total Engine-thread time spent turning tokens "
+    strbuf_printf(&b, "# HELP strata_stream_emit_seconds_total Engine-thread time spent turning tokens "
                     "into response bytes (chat parser, SSE framing, waking the connection).\n"
                     "# TYPE strata_stream_emit_seconds_total counter\n"
                     "strata_stream_emit_seconds_total %.6f\n",
                 m.emit_seconds);
-    sbuf_printf(&b, "# HELP strata_prompt_tokens_per_second Prefill speed of the last request.\n"
+    strbuf_printf(&b, "# HELP strata_prompt_tokens_per_second Prefill speed of the last request.\n"
                     "# TYPE strata_prompt_tokens_per_second gauge\n"
                     "strata_prompt_tokens_per_second %.3f\n",
                 m.last_prompt_tps);
-    sbuf_printf(&b, "# HELP strata_decode_tokens_per_second Decode speed of the last request.\n"
+    strbuf_printf(&b, "# HELP strata_decode_tokens_per_second Decode speed of the last request.\n"
                     "# TYPE strata_decode_tokens_per_second gauge\n"
                     "strata_decode_tokens_per_second %.3f\n",
                 m.last_decode_tps);
-    sbuf_printf(&b, "# HELP strata_ttft_seconds Time from request queued to first token.\n"
+    strbuf_printf(&b, "# HELP strata_ttft_seconds Time from request queued to first token.\n"
                     "# TYPE strata_ttft_seconds histogram\n");
     unsigned long cum = 0;
     for (int i = 0; i < N_TTFT_BUCKETS; i++) {
         cum += m.ttft_bucket[i];
-        sbuf_printf(&b, "strata_ttft_seconds_bucket{le=\"%g\"} %lu\n", ttft_buckets_s[i], cum);
+        strbuf_printf(&b, "strata_ttft_seconds_bucket{le=\"%g\"} %lu\n", ttft_buckets_s[i], cum);
     }
     cum += m.ttft_bucket[N_TTFT_BUCKETS];
-    sbuf_printf(&b, "strata_ttft_seconds_bucket{le=\"+Inf\"} %lu\n", cum);
-    sbuf_printf(&b, "strata_ttft_seconds_sum %.6f\nstrata_ttft_seconds_count %lu\n", m.ttft_sum_s,
+    strbuf_printf(&b, "strata_ttft_seconds_bucket{le=\"+Inf\"} %lu\n", cum);
+    strbuf_printf(&b, "strata_ttft_seconds_sum %.6f\nstrata_ttft_seconds_count %lu\n", m.ttft_sum_s,
                 m.ttft_count);
-    sbuf_printf(&b, "# HELP strata_queue_depth Requests waiting for the engine.\n"
+    strbuf_printf(&b, "# HELP strata_queue_depth Requests waiting for the engine.\n"
                     "# TYPE strata_queue_depth gauge\nstrata_queue_depth %d\n",
                 q);
-    sbuf_printf(&b, "# HELP strata_requests_running Requests the engine is generating.\n"
+    strbuf_printf(&b, "# HELP strata_requests_running Requests the engine is generating.\n"
                     "# TYPE strata_requests_running gauge\nstrata_requests_running %d\n",
                 running);
     enum MHD_Result ret =
@@ -499,7 +499,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 free(cn->body.s);
                 memset(&cn->body, 0, sizeof cn->body);
             } else {
-                sbuf_add(&cn->body, upload_data, *upload_data_size);
+                strbuf_add(&cn->body, upload_data, *upload_data_size);
             }
         }
         *upload_data_size = 0;

@@ -16,49 +16,16 @@
 
 #include "tokenizer.h"
 
-/* ---- sbuf ----------------------------------------------------------------------------- */
+/* ---- JSON string escaping ------------------------------------------------------------ */
 
-void sbuf_add(struct sbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        b->s = xrealloc(b->s, cap);
-        b->cap = cap;
-    }
-    if (n) memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-void sbuf_adds(struct sbuf *b, const char *s) { sbuf_add(b, s, strlen(s)); }
-
-void sbuf_printf(struct sbuf *b, const char *fmt, ...) {
-    char tmp[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        sbuf_add(b, tmp, (size_t)n);
-        return;
-    }
-    char *big = xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sbuf_add(b, big, (size_t)n);
-    free(big);
-}
-
-void sbuf_json_str(struct sbuf *b, const char *s, size_t n) {
+void sbuf_json_str(struct strbuf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
-    sbuf_add(b, "\"", 1);
+    strbuf_add(b, "\"", 1);
     size_t run = 0; /* start of the pending run of bytes that need no escape */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c >= 0x20 && c != '"' && c != '\\') continue;
-        sbuf_add(b, s + run, i - run);
+        strbuf_add(b, s + run, i - run);
         run = i + 1;
         char esc[7] = {'\\', 0};
         switch (c) {
@@ -71,13 +38,13 @@ void sbuf_json_str(struct sbuf *b, const char *s, size_t n) {
         case '\f': esc[1] = 'f'; break;
         default:
             esc[1] = 'u', esc[2] = '0', esc[3] = '0', esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
-            sbuf_add(b, esc, 6);
+            strbuf_add(b, esc, 6);
             continue;
         }
-        sbuf_add(b, esc, 2);
+        strbuf_add(b, esc, 2);
     }
-    sbuf_add(b, s + run, n - run);
-    sbuf_add(b, "\"", 1);
+    strbuf_add(b, s + run, n - run);
+    strbuf_add(b, "\"", 1);
 }
 
 /* ---- errors --------------------------------------------------------------------------- */
@@ -481,11 +448,11 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     rnd[24] = 0;
     snprintf(j->id, sizeof j->id, "%s-%s", is_chat ? "chatcmpl" : "cmpl", rnd);
     j->created = (long)time(NULL);
-    struct sbuf h = {0};
-    sbuf_printf(&h, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id,
+    struct strbuf h = {0};
+    strbuf_printf(&h, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id,
                 is_chat ? "chat.completion.chunk" : "text_completion", j->created);
     sbuf_json_str(&h, j->model_name, strlen(j->model_name));
-    sbuf_adds(&h, ",\"system_fingerprint\":\"strata\",\"choices\":[{\"index\":0,");
+    strbuf_adds(&h, ",\"system_fingerprint\":\"strata\",\"choices\":[{\"index\":0,");
     j->chunk_head = h.s;
     return j;
 fail:
@@ -512,13 +479,13 @@ void api_job_free(struct job *j) {
 
 /* ---- SSE framing (engine thread, j->mu held) ------------------------------------------ */
 
-static void frame_end(struct job *j) { sbuf_adds(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n"); }
+static void frame_end(struct job *j) { strbuf_adds(&j->out, "},\"logprobs\":null,\"finish_reason\":null}]}\n\n"); }
 
 static void frame_chat_start(struct job *j) {
-    sbuf_adds(&j->out, j->chunk_head);
-    sbuf_adds(&j->out, "\"delta\":{");
+    strbuf_adds(&j->out, j->chunk_head);
+    strbuf_adds(&j->out, "\"delta\":{");
     if (!j->sent_first) {
-        sbuf_adds(&j->out, "\"role\":\"assistant\",");
+        strbuf_adds(&j->out, "\"role\":\"assistant\",");
         j->sent_first = 1;
     }
 }
@@ -530,34 +497,34 @@ static void on_chat_delta(void *user, const struct chat_delta *d) {
     case CHAT_DELTA_REASONING:
         if (d->len == 0) return;
         frame_chat_start(j);
-        sbuf_adds(&j->out, d->kind == CHAT_DELTA_CONTENT ? "\"content\":" : "\"reasoning_content\":");
+        strbuf_adds(&j->out, d->kind == CHAT_DELTA_CONTENT ? "\"content\":" : "\"reasoning_content\":");
         sbuf_json_str(&j->out, d->text, d->len);
         break;
     case CHAT_DELTA_TOOL_START:
         frame_chat_start(j);
-        sbuf_printf(&j->out, "\"tool_calls\":[{\"index\":%d,\"id\":", d->index);
+        strbuf_printf(&j->out, "\"tool_calls\":[{\"index\":%d,\"id\":", d->index);
         sbuf_json_str(&j->out, d->id, strlen(d->id));
-        sbuf_adds(&j->out, ",\"type\":\"function\",\"function\":{\"name\":");
+        strbuf_adds(&j->out, ",\"type\":\"function\",\"function\":{\"name\":");
         sbuf_json_str(&j->out, d->name, strlen(d->name));
-        sbuf_adds(&j->out, ",\"arguments\":\"\"}}]");
+        strbuf_adds(&j->out, ",\"arguments\":\"\"}}]");
         if (d->index + 1 > j->n_tool_calls) j->n_tool_calls = d->index + 1;
         break;
     case CHAT_DELTA_TOOL_ARGS:
         if (d->len == 0) return;
         frame_chat_start(j);
-        sbuf_printf(&j->out, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", d->index);
+        strbuf_printf(&j->out, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", d->index);
         sbuf_json_str(&j->out, d->text, d->len);
-        sbuf_adds(&j->out, "}}]");
+        strbuf_adds(&j->out, "}}]");
         break;
     }
     frame_end(j);
 }
 
 static void frame_completion_text(struct job *j, const char *text, size_t len) {
-    sbuf_adds(&j->out, j->chunk_head);
-    sbuf_adds(&j->out, "\"text\":");
+    strbuf_adds(&j->out, j->chunk_head);
+    strbuf_adds(&j->out, "\"text\":");
     sbuf_json_str(&j->out, text, len);
-    sbuf_adds(&j->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+    strbuf_adds(&j->out, ",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
 }
 
 static void flush_out(struct job *j) {
@@ -573,14 +540,14 @@ static int job_emit(void *user, const struct engine_event *ev) {
     const double t_in = now_ms();
     if (ev->id >= 0 && ev->n_generated == 1) j->t_first = t_in;
     pthread_mutex_lock(&j->mu);
-    if (ev->len) sbuf_add(&j->text, ev->text, ev->len);
+    if (ev->len) strbuf_add(&j->text, ev->text, ev->len);
     if (j->stream) {
         size_t before = j->out.len;
         if (j->is_chat) {
             chat_stream_push(j->cs, ev->text, ev->len);
             if (ev->id >= 0 && !j->sent_first) { /* the first event leaves with the first token */
                 frame_chat_start(j);
-                sbuf_adds(&j->out, "\"content\":\"\"");
+                strbuf_adds(&j->out, "\"content\":\"\"");
                 frame_end(j);
             }
         } else if (ev->len || (ev->id >= 0 && ev->n_generated == 1)) {
@@ -599,8 +566,8 @@ static const char *finish_reason(const struct job *j, int n_tool_calls, int trun
     return "stop"; /* also for "cancelled": nobody reads it */
 }
 
-static void timings_append(struct sbuf *b, const struct engine_timings *t) {
-    sbuf_printf(b, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.3f,"
+static void timings_append(struct strbuf *b, const struct engine_timings *t) {
+    strbuf_printf(b, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.3f,"
                    "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
                    "\"predicted_per_token_ms\":%.3f,\"predicted_per_second\":%.3f}",
                 t->cache_n, t->prompt_n, t->prompt_ms, t->prompt_n ? t->prompt_ms / t->prompt_n : 0,
@@ -638,22 +605,22 @@ void api_job_run(struct job *j, struct engine *eng) {
             truncated = chat_stream_truncated(j->cs);
         }
         const int usage_tokens = j->res.n_generated;
-        sbuf_adds(&j->out, j->chunk_head);
-        if (j->is_chat) sbuf_adds(&j->out, "\"delta\":{},");
-        else sbuf_adds(&j->out, "\"text\":\"\",");
-        sbuf_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}],",
+        strbuf_adds(&j->out, j->chunk_head);
+        if (j->is_chat) strbuf_adds(&j->out, "\"delta\":{},");
+        else strbuf_adds(&j->out, "\"text\":\"\",");
+        strbuf_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}],",
                     finish_reason(j, j->n_tool_calls, truncated));
         timings_append(&j->out, &j->res.timings);
-        sbuf_adds(&j->out, "}\n\n");
+        strbuf_adds(&j->out, "}\n\n");
         if (j->include_usage) {
-            sbuf_adds(&j->out, j->chunk_head);
+            strbuf_adds(&j->out, j->chunk_head);
             /* the head opened choices with an element; usage chunks carry an empty list */
             j->out.len -= strlen("{\"index\":0,");
-            sbuf_printf(&j->out, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
+            strbuf_printf(&j->out, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
                                  "\"total_tokens\":%d}}\n\n",
                         j->res.n_prompt, usage_tokens, j->res.n_prompt + usage_tokens);
         }
-        sbuf_adds(&j->out, "data: [DONE]\n\n");
+        strbuf_adds(&j->out, "data: [DONE]\n\n");
     }
     j->done = 1;
     flush_out(j);
@@ -673,9 +640,9 @@ void api_job_fail(struct job *j, int status, const char *msg) {
         json_t *v = api_error_json(&e);
         char *s = json_dumps(v, JSON_COMPACT);
         json_decref(v);
-        sbuf_adds(&j->out, "data: ");
-        sbuf_adds(&j->out, s);
-        sbuf_adds(&j->out, "\n\n");
+        strbuf_adds(&j->out, "data: ");
+        strbuf_adds(&j->out, s);
+        strbuf_adds(&j->out, "\n\n");
         free(s);
     }
     j->done = 1;
@@ -737,10 +704,10 @@ static char *lossy_text(struct tokenizer *tok, const int32_t *ids, int n, size_t
     detok_init(&d, tok);
     size_t cap = detok_max_out(tok);
     char *piece = xmalloc(cap);
-    struct sbuf b = {0};
-    sbuf_add(&b, "", 0);
-    for (int i = 0; i < n; i++) sbuf_add(&b, piece, detok_push(&d, ids[i], piece, cap));
-    sbuf_add(&b, piece, detok_flush(&d, piece, cap));
+    struct strbuf b = {0};
+    strbuf_add(&b, "", 0);
+    for (int i = 0; i < n; i++) strbuf_add(&b, piece, detok_push(&d, ids[i], piece, cap));
+    strbuf_add(&b, piece, detok_flush(&d, piece, cap));
     free(piece);
     *len = b.len;
     return b.s;

@@ -14,15 +14,8 @@
 #include "engine.h"
 
 /* A growable byte string. */
-struct sbuf {
-    char *s; /* NUL-terminated once anything was added */
-    size_t len, cap;
-};
-void sbuf_add(struct sbuf *b, const char *s, size_t n);
-void sbuf_adds(struct sbuf *b, const char *s);
-void sbuf_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s as a quoted JSON string (s must be valid UTF-8). */
-void sbuf_json_str(struct sbuf *b, const char *s, size_t n);
+void sbuf_json_str(struct strbuf *b, const char *s, size_t n);
 
 /* An OpenAI-shaped error: {"error":{"message","type","param","code"}} with an HTTP status. */
 struct api_error {
@@ -58,9 +51,9 @@ struct job {
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;
-    struct sbuf out;    /* SSE bytes not yet taken by the connection */
+    struct strbuf out;    /* SSE bytes not yet taken by the connection */
     size_t out_pos;
-    struct sbuf text;   /* every released byte of generated text */
+    struct strbuf text;   /* every released byte of generated text */
     struct chat_stream *cs;
     int sent_first;
     int n_tool_calls;

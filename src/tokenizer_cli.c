@@ -16,20 +16,6 @@ static void tokenize_usage(FILE *f) {
             "  --tokenizer FILE  tokenizer.json (default: the demo model's)\n");
 }
 
-static char *read_stdin(size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = xmalloc(cap);
-    for (;;) {
-        if (n + 1 >= cap) buf = xrealloc(buf, cap *= 2);
-        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
-        n += r;
-        if (r == 0) break;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 /* argv holds the arguments after "tokenize" (main.c strips "strata tokenize"). */
 int cmd_tokenize(int argc, char **argv) {
     const char *path = NULL;
@@ -58,7 +44,12 @@ int cmd_tokenize(int argc, char **argv) {
         return 1;
     }
     size_t len;
-    char *in = read_stdin(&len);
+    char *in = read_stream(stdin, &len);
+    if (!in) {
+        fprintf(stderr, "strata tokenize: error reading stdin\n");
+        tokenizer_free(t);
+        return 1;
+    }
     int rc = 0;
     if (decode) {
         int cap = 1024, n = 0;

@@ -57,18 +57,53 @@ char *xstrdup(const char *s) {
     return p;
 }
 
+void strbuf_add(struct strbuf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        b->s = xrealloc(b->s, cap);
+        b->cap = cap;
+    }
+    if (n) memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+void strbuf_adds(struct strbuf *b, const char *s) { strbuf_add(b, s, strlen(s)); }
+
+void strbuf_printf(struct strbuf *b, const char *fmt, ...) {
+    char tmp[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        strbuf_add(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = xmalloc((size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    strbuf_add(b, big, (size_t)n);
+    free(big);
+}
+
+char *strbuf_take(struct strbuf *b) {
+    char *s = b->s ? b->s : xstrdup("");
+    b->s = NULL;
+    b->len = b->cap = 0;
+    return s;
+}
+
 double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-char *read_file(const char *path, size_t *len_out, struct error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        error_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
+char *read_stream(FILE *f, size_t *len_out) {
     size_t cap = 1 << 16, len = 0;
     char *buf = xmalloc(cap);
     for (;;) {
@@ -77,14 +112,23 @@ char *read_file(const char *path, size_t *len_out, struct error *err) {
         len += n;
         if (n == 0) break;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
+    if (ferror(f)) {
         free(buf);
-        error_set(err, "%s: read error", path);
         return NULL;
     }
     buf[len] = 0;
     if (len_out) *len_out = len;
+    return buf;
+}
+
+char *read_file(const char *path, size_t *len_out, struct error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        error_set(err, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = read_stream(f, len_out);
+    fclose(f);
+    if (!buf) error_set(err, "%s: read error", path);
     return buf;
 }

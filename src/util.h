@@ -4,6 +4,7 @@
 #define STRATA_UTIL_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -45,9 +46,22 @@ static inline uint16_t f32_to_bf16(float f) {
 /* Round a float through bf16 and back: the value a bf16 tensor would hold. */
 static inline float bf16r(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+/* A growable byte string, always NUL-terminated once anything was added; zero-initialise it. */
+struct strbuf {
+    char *s; /* NULL while empty */
+    size_t len, cap;
+};
+void strbuf_add(struct strbuf *b, const char *s, size_t n);
+void strbuf_adds(struct strbuf *b, const char *s);
+void strbuf_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Returns the string ("" if nothing was added; the caller frees it) and resets b. */
+char *strbuf_take(struct strbuf *b);
+
 /* Monotonic wall clock in milliseconds. */
 double now_ms(void);
 
+/* Reads a whole stream (e.g. stdin) into a NUL-terminated buffer; NULL on a read error. */
+char *read_stream(FILE *f, size_t *len_out);
 /* Reads a whole file into a NUL-terminated buffer; returns NULL and fills err on failure. */
 char *read_file(const char *path, size_t *len_out, struct error *err);
 

@@ -260,8 +260,8 @@ static const struct expect_parse PARSES[] = {
 };
 
 struct collected {
-    struct chat_buf content, reasoning;
-    struct chat_buf args[4];
+    struct strbuf content, reasoning;
+    struct strbuf args[4];
     char *names[4];
     int n_calls, bad_order;
 };
@@ -269,15 +269,15 @@ struct collected {
 static void on_delta(void *user, const struct chat_delta *d) {
     struct collected *c = user;
     switch (d->kind) {
-    case CHAT_DELTA_CONTENT: chat_buf_add(&c->content, d->text, d->len); break;
-    case CHAT_DELTA_REASONING: chat_buf_add(&c->reasoning, d->text, d->len); break;
+    case CHAT_DELTA_CONTENT: strbuf_add(&c->content, d->text, d->len); break;
+    case CHAT_DELTA_REASONING: strbuf_add(&c->reasoning, d->text, d->len); break;
     case CHAT_DELTA_TOOL_START:
         if (d->index != c->n_calls || c->n_calls >= 4) c->bad_order = 1;
         else c->names[c->n_calls++] = xstrdup(d->name);
         break;
     case CHAT_DELTA_TOOL_ARGS:
         if (d->index != c->n_calls - 1 || d->len == 0) c->bad_order = 1;
-        else chat_buf_add(&c->args[d->index], d->text, d->len);
+        else strbuf_add(&c->args[d->index], d->text, d->len);
         break;
     }
 }
@@ -457,12 +457,12 @@ static void test_fuzz(void) {
     unsigned seed = 12345;
     int ok = 1;
     for (int iter = 0; iter < 3000; iter++) {
-        struct chat_buf b = {0};
+        struct strbuf b = {0};
         seed = seed * 1103515245u + 12345u;
         int n = 1 + (int)((seed >> 16) % 40);
         for (int k = 0; k < n; k++) {
             seed = seed * 1103515245u + 12345u;
-            chat_buf_adds(&b, frags[(seed >> 16) % (sizeof frags / sizeof *frags)]);
+            strbuf_adds(&b, frags[(seed >> 16) % (sizeof frags / sizeof *frags)]);
         }
         struct chat_parsed p;
         int in_thinking = iter & 1;

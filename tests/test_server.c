@@ -378,7 +378,7 @@ static void test_escape(void) {
     char raw[128];
     for (int i = 1; i < 128; i++) raw[i - 1] = (char)i;
     memcpy(raw + 127 - 1, "\xc3\xa9", 2); /* and a 2-byte UTF-8 character */
-    struct sbuf b = {0};
+    struct strbuf b = {0};
     sbuf_json_str(&b, raw, 128);
     json_t *v = json_loadb(b.s, b.len, JSON_DECODE_ANY, NULL);
     EXPECT(v && json_string_length(v) == 128 && !memcmp(json_string_value(v), raw, 128),
