@@ -1,0 +1,458 @@
+/* backend.cu - the CUDA backend: device memory, copies, graph capture and replay, the scratch
+ * every op needs (allocated once here, from the config, max_ctx and max_T), and the op table of
+ * backend.h, which picks the decode (T = 1) or batched (T > 1) kernels. Kernels live in
+ * misc.cu, matmul.cu, attention.cu and gdn.cu; this file launches none itself.
+ *
+ * Copies: small uploads (token ids, the position) go through a pinned staging ring so they stay
+ * ordered on the one stream without a synchronisation; downloads synchronise. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * profiling */
+
+void cuda_prof_begin(struct cuda *cu, const char *name) {
+    struct cuda_prof *p = &cu->prof;
+    if (!p->on || p->n >= CUDA_PROF_MAX) return;
+    p->name[p->n] = name;
+    gpu_event_record(p->ev[p->n], cu->stream);
+}
+void cuda_prof_end(struct cuda *cu) {
+    struct cuda_prof *p = &cu->prof;
+    if (!p->on || p->n >= CUDA_PROF_MAX) return;
+    p->n++;
+    gpu_event_record(p->ev[p->n], cu->stream);
+}
+
+extern "C" long backend_cuda_launches(struct backend *be) { return cuda_of(be)->n_launches; }
+
+extern "C" long backend_cuda_graph_nodes(struct backend *be, int key) {
+    struct cuda *cu = cuda_of(be);
+    for (int i = 0; i < cu->n_graphs; i++)
+        if (cu->graphs[i].key == key) return (long)gpu_graph_n_nodes(cu->graphs[i].graph);
+    return 0;
+}
+
+extern "C" void backend_cuda_profile(struct backend *be, int on) {
+    struct cuda *cu = cuda_of(be);
+    gpu_stream_sync(cu->stream);
+    cu->prof.on = on;
+    if (on) {
+        cu->prof.n = 0;
+        gpu_event_record(cu->prof.ev[0], cu->stream);
+    }
+}
+
+extern "C" void backend_cuda_profile_report(struct backend *be, FILE *f, int n_steps) {
+    struct cuda *cu = cuda_of(be);
+    struct cuda_prof *p = &cu->prof;
+    gpu_stream_sync(cu->stream);
+    /* ops are recorded back to back: event i -> i+1 is op i (the gap to the next launch is
+     * counted in the op before it, so the sum is the wall time of the step) */
+    const char *names[64];
+    double ms[64];
+    int calls[64], n_names = 0;
+    double total = 0;
+    for (int i = 0; i < p->n; i++) {
+        double t = gpu_event_ms(p->ev[i], p->ev[i + 1]);
+        total += t;
+        int j = 0;
+        while (j < n_names && strcmp(names[j], p->name[i]) != 0) j++;
+        if (j == n_names && n_names < 64) {
+            names[n_names] = p->name[i];
+            ms[n_names] = 0;
+            calls[n_names] = 0;
+            n_names++;
+        }
+        if (j < 64) {
+            ms[j] += t;
+            calls[j]++;
+        }
+    }
+    if (n_steps < 1) n_steps = 1;
+    fprintf(f, "| op | calls/step | us/step | share |\n|---|---|---|---|\n");
+    for (int j = 0; j < n_names; j++)
+        fprintf(f, "| %s | %d | %.1f | %.1f%% |\n", names[j], calls[j] / n_steps,
+                1000.0 * ms[j] / n_steps, total > 0 ? 100.0 * ms[j] / total : 0.0);
+    fprintf(f, "| total (ops run one by one, no graph) | | %.1f | |\n", 1000.0 * total / n_steps);
+}
+
+extern "C" size_t backend_cuda_scratch_bytes(struct backend *be) {
+    return cuda_of(be)->scratch_bytes;
+}
+
+extern "C" void backend_cuda_info(struct backend *be, char *name, size_t name_cap, int *n_sm) {
+    struct cuda *cu = cuda_of(be);
+    if (name) snprintf(name, name_cap, "%s", cu->info.name);
+    if (n_sm) *n_sm = cu->info.n_sm;
+}
+
+extern "C" double backend_cuda_copy_bandwidth(struct backend *be, size_t bytes) {
+    struct cuda *cu = cuda_of(be);
+    void *a, *b;
+    if (gpu_try_malloc(&a, bytes) < 0) return 0;
+    if (gpu_try_malloc(&b, bytes) < 0) {
+        gpu_free(a);
+        return 0;
+    }
+    gpu_memset(a, 1, bytes, cu->stream);
+    gpu_event e0, e1;
+    gpu_event_create(&e0);
+    gpu_event_create(&e1);
+    for (int i = 0; i < 3; i++) gpu_memcpy_d2d(b, a, bytes, cu->stream);
+    const int reps = 20;
+    gpu_event_record(e0, cu->stream);
+    for (int i = 0; i < reps; i++) gpu_memcpy_d2d(i & 1 ? a : b, i & 1 ? b : a, bytes, cu->stream);
+    gpu_event_record(e1, cu->stream);
+    double ms = gpu_event_ms(e0, e1);
+    gpu_event_destroy(e0);
+    gpu_event_destroy(e1);
+    gpu_stream_sync(cu->stream);
+    gpu_free(a);
+    gpu_free(b);
+    return 2.0 * (double)bytes * reps / (ms / 1000.0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * memory */
+
+static void *dev_alloc(struct cuda *cu, size_t bytes, const char *what) {
+    void *p = NULL;
+    cu->scratch_bytes += bytes; /* op_alloc subtracts what the model asks for */
+    if (gpu_try_malloc(&p, bytes) < 0) {
+        size_t fr = 0, tot = 0;
+        gpu_mem_free_total(&fr, &tot);
+        fprintf(stderr,
+                "cuda: out of device memory allocating %s: %zu bytes needed, %zu free of %zu "
+                "(reduce the context with --ctx)\n",
+                what, bytes, fr, tot);
+        abort();
+    }
+    gpu_memset(p, 0, bytes, cu->stream);
+    return p;
+}
+
+static void *op_alloc(struct backend *be, size_t bytes) {
+    struct cuda *cu = cuda_of(be);
+    void *p = dev_alloc(cu, bytes, "a model buffer");
+    cu->scratch_bytes -= bytes;
+    gpu_stream_sync(cu->stream);
+    return p;
+}
+static void op_free(struct backend *be, void *p) {
+    gpu_stream_sync(cuda_of(be)->stream);
+    gpu_free(p);
+}
+static void op_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
+    struct cuda *cu = cuda_of(be);
+    CHECK(!cu->capturing);
+    if (bytes <= 4096) {
+        /* staged: ordered on the stream, no synchronisation; the ring is reused only after the
+         * stream has drained everything that read it */
+        if (cu->stage_off + bytes > CUDA_STAGE_BYTES) {
+            gpu_stream_sync(cu->stream);
+            cu->stage_off = 0;
+        }
+        uint8_t *s = cu->stage + cu->stage_off;
+        memcpy(s, src, bytes);
+        gpu_memcpy_h2d(dst, s, bytes, cu->stream);
+        cu->stage_off += (bytes + 63) & ~(size_t)63;
+        return;
+    }
+    gpu_memcpy_h2d(dst, src, bytes, cu->stream);
+    gpu_stream_sync(cu->stream);
+}
+static void op_download(struct backend *be, void *dst, const void *src, size_t bytes) {
+    struct cuda *cu = cuda_of(be);
+    CHECK(!cu->capturing);
+    if (bytes <= CUDA_STAGE_BYTES) {
+        gpu_memcpy_d2h(cu->stage, src, bytes, cu->stream);
+        gpu_stream_sync(cu->stream);
+        memcpy(dst, cu->stage, bytes);
+    } else {
+        gpu_memcpy_d2h(dst, src, bytes, cu->stream);
+        gpu_stream_sync(cu->stream);
+    }
+    cu->stage_off = 0; /* the stream is drained */
+}
+static void op_zero(struct backend *be, void *dst, size_t bytes) {
+    gpu_memset(dst, 0, bytes, cuda_of(be)->stream);
+}
+static void op_sync(struct backend *be) {
+    struct cuda *cu = cuda_of(be);
+    gpu_stream_sync(cu->stream);
+    cu->stage_off = 0;
+}
+/* Device memory still free (cudaMemGetInfo), for model_load's "needs X GiB, Y GiB free". */
+static size_t op_mem_free(struct backend *be) {
+    (void)be;
+    size_t fr = 0, tot = 0;
+    gpu_mem_free_total(&fr, &tot);
+    return fr;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * graphs */
+
+static int op_graph_replay(struct backend *be, int key) {
+    struct cuda *cu = cuda_of(be);
+    if (cu->prof.on) return 0;
+    for (int i = 0; i < cu->n_graphs; i++)
+        if (cu->graphs[i].key == key) {
+            gpu_graph_launch(cu->graphs[i].exec, cu->stream);
+            cu->n_launches += (long)gpu_graph_n_nodes(cu->graphs[i].graph);
+            return 1;
+        }
+    return 0;
+}
+static void op_graph_begin(struct backend *be, int key) {
+    struct cuda *cu = cuda_of(be);
+    if (cu->prof.on || cu->n_graphs >= CUDA_MAX_GRAPHS) return;
+    CHECK(key != 0 && !cu->capturing);
+    gpu_capture_begin(cu->stream);
+    cu->capturing = key;
+}
+static void op_graph_end(struct backend *be, int key) {
+    struct cuda *cu = cuda_of(be);
+    if (!cu->capturing) return;
+    CHECK(cu->capturing == key);
+    struct cuda_graph_slot *g = &cu->graphs[cu->n_graphs++];
+    g->key = key;
+    gpu_capture_end(cu->stream, &g->graph);
+    gpu_graph_instantiate(&g->exec, g->graph);
+    cu->capturing = 0;
+    /* the captured ops have not run yet: run them once now */
+    gpu_graph_launch(g->exec, cu->stream);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * ops */
+
+#define PROF(name, body)                                                                       \
+    do {                                                                                       \
+        cuda_prof_begin(cu, name);                                                             \
+        body;                                                                                  \
+        cuda_prof_end(cu);                                                                     \
+    } while (0)
+
+static void op_embed(struct backend *be, uint16_t *out, const uint16_t *table, const int32_t *ids,
+                     int T) {
+    struct cuda *cu = cuda_of(be);
+    CHECK(T >= 1 && T <= be->max_T);
+    PROF("embed", cuda_embed(cu, out, table, ids, T, be->config->hidden_size,
+                             be->config->vocab_size));
+}
+
+static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                      const uint16_t *W, int T, int N, int K, int accumulate) {
+    struct cuda *cu = cuda_of(be);
+    float eps = be->config->rms_norm_eps;
+    CHECK(T >= 1 && K % 8 == 0);
+    if (T == 1) {
+        PROF(N >= be->config->vocab_size ? "gemv lm_head" : norm_w ? "gemv (rmsnorm)"
+             : "gemv (+residual)",
+             cuda_gemv(cu, out, x, norm_w, W, N, K, eps, accumulate, 0));
+        return;
+    }
+    cuda_prof_begin(cu, "gemm (prefill)");
+    const uint16_t *in = x;
+    if (norm_w) {
+        CHECK((size_t)T * K <= cu->xn_elems);
+        cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+        in = cu->xn;
+    }
+    if (accumulate) {
+        CHECK((size_t)T * N <= cu->y_elems);
+        cuda_gemm(cu, cu->y, in, W, T, N, K);
+        cuda_add(cu, out, cu->y, (size_t)T * N);
+    } else {
+        cuda_gemm(cu, out, in, W, T, N, K);
+    }
+    cuda_prof_end(cu);
+}
+
+static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *x,
+                             const uint16_t *norm_w, const uint16_t *W_gu, int T, int I, int K) {
+    struct cuda *cu = cuda_of(be);
+    float eps = be->config->rms_norm_eps;
+    CHECK(T >= 1 && K % 8 == 0);
+    if (T == 1) {
+        PROF("gemv gate+up+silu", cuda_gemv(cu, out, x, norm_w, W_gu, I, K, eps, 0, 1));
+        return;
+    }
+    cuda_prof_begin(cu, "gemm swiglu (prefill)");
+    const uint16_t *in = x;
+    if (norm_w) {
+        CHECK((size_t)T * K <= cu->xn_elems);
+        cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+        in = cu->xn;
+    }
+    CHECK((size_t)T * 2 * I <= cu->y_elems);
+    cuda_gemm(cu, cu->y, in, W_gu, T, 2 * I, K);
+    cuda_swiglu(cu, out, cu->y, T, I);
+    cuda_prof_end(cu);
+}
+
+static void op_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
+                         const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
+                         uint16_t *v_cache, const int32_t *pos, int T) {
+    struct cuda *cu = cuda_of(be);
+    const struct config *c = be->config;
+    CHECK(T >= 1 && T <= be->max_T);
+    cuda_prof_begin(cu, T == 1 ? "attention (decode)" : "attention (prefill)");
+    cuda_attn_prep(cu, c, be->max_ctx, cu->attn_q, qkv, q_norm, k_norm, k_cache, v_cache, pos, T);
+    if (T == 1)
+        cuda_attn_decode(cu, c, be->max_ctx, out, cu->attn_q, qkv, k_cache, v_cache, pos);
+    else
+        cuda_attn_prefill(cu, c, be->max_ctx, out, cu->attn_q, qkv, k_cache, v_cache, pos, T);
+    cuda_prof_end(cu);
+}
+
+static void op_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uint16_t *conv_state,
+                   const uint16_t *conv_w, const float *A_log, const float *dt_bias,
+                   const float *norm_w, float *state, int T) {
+    struct cuda *cu = cuda_of(be);
+    const struct config *c = be->config;
+    CHECK(T >= 1 && T <= be->max_T);
+    if (T == 1)
+        PROF("gdn step", cuda_gdn_step(cu, c, out, proj, conv_state, conv_w, A_log, dt_bias,
+                                       norm_w, state));
+    else
+        PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, out, proj, conv_state, conv_w, A_log,
+                                               dt_bias, norm_w, state, T));
+}
+
+static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n) {
+    struct cuda *cu = cuda_of(be);
+    PROF("argmax", cuda_argmax(cu, out, x, n));
+}
+
+static void op_destroy(struct backend *be) {
+    struct cuda *cu = cuda_of(be);
+    gpu_stream_sync(cu->stream);
+    for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
+    void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
+                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_ostep, cu->counters,
+                    cu->argmax_part, cu->blas_ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) gpu_free(bufs[i]);
+    for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_destroy(cu->prof.ev[i]);
+    gpu_blas_destroy(cu->blas);
+    gpu_host_free(cu->stage);
+    gpu_stream_destroy(cu->stream);
+    free(cu);
+    free(be);
+}
+
+static const struct backend_ops cuda_ops = {
+    "cuda",
+    op_destroy,
+    op_alloc,
+    op_free,
+    op_upload,
+    op_download,
+    op_zero,
+    op_sync,
+    op_mem_free,
+    op_graph_replay,
+    op_graph_begin,
+    op_graph_end,
+    op_embed,
+    op_matmul,
+    op_matmul_swiglu,
+    op_attention,
+    op_gdn,
+    op_argmax,
+};
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+extern "C" struct backend *backend_cuda_create(const struct config *c, int max_ctx, int max_T,
+                                               struct error *err) {
+    if (gpu_device_count() < 1) {
+        error_set(err, "no CUDA device found (%s)", gpu_last_error_string());
+        return NULL;
+    }
+    int H = c->hidden_size, I = c->intermediate_size, nH = c->num_attention_heads;
+    int nKV = c->num_key_value_heads, hd = c->head_dim, Hk = c->linear_num_key_heads;
+    int Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    if (hd % 8 || hd > 256 || dk != dv || dk % 32 || dk > 128 || dk == 96 || Hv % Hk || H % 8 || I % 8 ||
+        c->linear_conv_kernel_dim != 4 || c->rotary_dim % 16 || c->rotary_dim > hd ||
+        nH % nKV || nH / nKV > 8 || Hk > 256) {
+        error_set(err, "cuda backend: unsupported shape (head_dim %d, dk %d, dv %d, Hk %d, Hv %d, "
+                       "conv kernel %d, rotary %d, nH %d, nKV %d)",
+                  hd, dk, dv, Hk, Hv, c->linear_conv_kernel_dim, c->rotary_dim, nH, nKV);
+        return NULL;
+    }
+    struct backend *be = (struct backend *)xcalloc(1, sizeof *be);
+    struct cuda *cu = (struct cuda *)xcalloc(1, sizeof *cu);
+    be->ops = &cuda_ops;
+    be->config = c;
+    be->max_ctx = max_ctx;
+    be->max_T = max_T;
+    be->impl = cu;
+    gpu_get_info(&cu->info);
+    gpu_stream_create(&cu->stream);
+    const char *pdl = getenv("STRATA_PDL");
+    cu->pdl = pdl ? atoi(pdl) != 0 : 1;
+    const char *persist = getenv("STRATA_GEMV_PERSIST");
+    cu->gemv_persist = persist ? atoi(persist) != 0 : 1;
+    cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);
+    size_t ws = (size_t)32 << 20;
+    cu->blas_ws = dev_alloc(cu, ws, "the cuBLAS workspace");
+    gpu_blas_create(&cu->blas, cu->stream, cu->blas_ws, ws);
+    for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_create(&cu->prof.ev[i]);
+
+    /* RoPE tables exactly as the CPU backend computes them (fp32 inv_freq, fp32 angle,
+     * cos/sin rounded to bf16), so both backends rotate with identical numbers */
+    int half = c->rotary_dim / 2;
+    if (half > 0) {
+        size_t n = (size_t)max_ctx * half;
+        uint16_t *hc = (uint16_t *)xmalloc(n * 2), *hs = (uint16_t *)xmalloc(n * 2);
+        float *inv = (float *)xmalloc((size_t)half * sizeof(float));
+        for (int j = 0; j < half; j++)
+            inv[j] = 1.0f / powf((float)c->rope_theta, (float)(2 * j) / (float)c->rotary_dim);
+        for (int p = 0; p < max_ctx; p++)
+            for (int j = 0; j < half; j++) {
+                float angle = (float)p * inv[j];
+                hc[(size_t)p * half + j] = f32_to_bf16(cosf(angle));
+                hs[(size_t)p * half + j] = f32_to_bf16(sinf(angle));
+            }
+        cu->rope_cos = (uint16_t *)dev_alloc(cu, n * 2, "the RoPE table");
+        cu->rope_sin = (uint16_t *)dev_alloc(cu, n * 2, "the RoPE table");
+        gpu_memcpy_h2d(cu->rope_cos, hc, n * 2, cu->stream);
+        gpu_memcpy_h2d(cu->rope_sin, hs, n * 2, cu->stream);
+        gpu_stream_sync(cu->stream);
+        free(hc);
+        free(hs);
+        free(inv);
+    }
+
+    /* scratch */
+    size_t T = (size_t)max_T;
+    size_t max_K = max_sz(max_sz((size_t)H, (size_t)I), max_sz((size_t)c->value_dim, (size_t)nH * hd));
+    size_t mix_rows = max_sz((size_t)c->conv_dim + c->value_dim + 2 * Hv, (size_t)2 * nH * hd + 2 * nKV * hd);
+    size_t max_N = max_sz(max_sz((size_t)2 * I, mix_rows), (size_t)H);
+    cu->xn_elems = T * max_K;
+    cu->y_elems = T * max_N;
+    cu->xn = (uint16_t *)dev_alloc(cu, cu->xn_elems * 2, "matmul scratch");
+    cu->y = (uint16_t *)dev_alloc(cu, cu->y_elems * 2, "matmul scratch");
+    cu->attn_q = (uint16_t *)dev_alloc(cu, T * nH * hd * 2, "attention scratch");
+    int splits = (2 * cu->info.n_sm + nKV - 1) / nKV;
+    if (splits > 256) splits = 256;
+    cu->attn_splits = splits;
+    cu->attn_part = (float *)dev_alloc(cu, (size_t)nH * splits * (hd + 2) * sizeof(float),
+                                       "attention scratch");
+    cu->gdn_y = (uint16_t *)dev_alloc(cu, T * c->conv_dim * 2, "deltanet scratch");
+    cu->gdn_qk = (float *)dev_alloc(cu, T * 2 * Hk * dk * sizeof(float), "deltanet scratch");
+    cu->gdn_bg = (float *)dev_alloc(cu, T * Hv * 2 * sizeof(float), "deltanet scratch");
+    cu->gdn_o = (uint16_t *)dev_alloc(cu, T * Hv * dv * 2, "deltanet scratch");
+    cu->gdn_ostep = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
+    cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
+    cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
+    gpu_stream_sync(cu->stream);
+    return be;
+}

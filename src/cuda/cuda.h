@@ -1,0 +1,28 @@
+/* cuda.h - what the CUDA backend offers beyond backend.h, for the benchmark and the tests:
+ * launch counts, per-op timing, device facts and a copy-bandwidth probe. Plain C, no CUDA
+ * headers, so C files compiled without nvcc's include path can use it. */
+#ifndef STRATA_CUDA_CUDA_H
+#define STRATA_CUDA_CUDA_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "../backend.h"
+
+/* Kernels and cuBLAS calls issued so far (a graph replay counts once per captured node). */
+long backend_cuda_launches(struct backend *be);
+/* Nodes of the graph recorded under key (0 if none). */
+long backend_cuda_graph_nodes(struct backend *be, int key);
+/* While on, graphs are neither replayed nor recorded and every op is timed with events. */
+void backend_cuda_profile(struct backend *be, int on);
+/* Prints the per-op time recorded since profiling was switched on, divided by n_steps. */
+void backend_cuda_profile_report(struct backend *be, FILE *f, int n_steps);
+/* Device bytes of the backend's own scratch (sized from the config, max_ctx and max_T: RoPE
+ * tables, matmul / attention / DeltaNet scratch, cuBLAS workspace). */
+size_t backend_cuda_scratch_bytes(struct backend *be);
+/* Device name and multiprocessor count. */
+void backend_cuda_info(struct backend *be, char *name, size_t name_cap, int *n_sm);
+/* Device-to-device copy bandwidth in bytes (read + written) per second over `bytes`. */
+double backend_cuda_copy_bandwidth(struct backend *be, size_t bytes);
+
+#endif

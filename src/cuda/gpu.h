@@ -1,0 +1,274 @@
+/* gpu.h - the only file that names the CUDA runtime and cuBLAS: types, checked calls and the
+ * small device helpers every kernel file shares (warp reductions, bf16 <-> fp32, 16-byte loads).
+ * A HIP port replaces this file (hip* / hipblas* names, warp size 64 where it applies) and leaves
+ * the kernels alone. Nothing here knows the model. */
+#ifndef STRATA_CUDA_GPU_H
+#define STRATA_CUDA_GPU_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+
+typedef cudaStream_t gpu_stream;
+typedef cudaEvent_t gpu_event;
+typedef cudaGraph_t gpu_graph;
+typedef cudaGraphExec_t gpu_graph_exec;
+typedef cublasHandle_t gpu_blas;
+
+/* A failed runtime call is a bug or a dead device: name the call, file, line and the error. */
+#define GPU_CHECK(call)                                                                        \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,               \
+                    cudaGetErrorString(e_));                                                   \
+            abort();                                                                           \
+        }                                                                                      \
+    } while (0)
+#define BLAS_CHECK(call)                                                                       \
+    do {                                                                                       \
+        cublasStatus_t s_ = (call);                                                            \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+            fprintf(stderr, "%s:%d: %s failed: cublas status %d\n", __FILE__, __LINE__, #call, \
+                    (int)s_);                                                                  \
+            abort();                                                                           \
+        }                                                                                      \
+    } while (0)
+/* After a launch: configuration errors always; execution errors only with STRATA_GPU_DEBUG. */
+#ifdef STRATA_GPU_DEBUG
+#define GPU_LAUNCHED() GPU_CHECK(cudaDeviceSynchronize())
+#else
+#define GPU_LAUNCHED() GPU_CHECK(cudaPeekAtLastError())
+#endif
+
+/* ---- host side wrappers ---------------------------------------------------------------- */
+
+struct gpu_info {
+    char name[256];
+    int n_sm;
+    int l2_bytes;
+    int smem_optin;      /* max dynamic shared memory per block after opting in */
+    size_t free_bytes, total_bytes;
+};
+
+static inline int gpu_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+static inline const char *gpu_last_error_string(void) {
+    return cudaGetErrorString(cudaGetLastError());
+}
+static inline void gpu_get_info(struct gpu_info *gi) {
+    cudaDeviceProp p;
+    GPU_CHECK(cudaGetDeviceProperties(&p, 0));
+    snprintf(gi->name, sizeof gi->name, "%s", p.name);
+    gi->n_sm = p.multiProcessorCount;
+    gi->l2_bytes = p.l2CacheSize;
+    gi->smem_optin = (int)p.sharedMemPerBlockOptin;
+    GPU_CHECK(cudaMemGetInfo(&gi->free_bytes, &gi->total_bytes));
+}
+static inline int gpu_try_malloc(void **p, size_t bytes) {
+    if (cudaMalloc(p, bytes ? bytes : 16) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+static inline void gpu_mem_free_total(size_t *free_b, size_t *total_b) {
+    GPU_CHECK(cudaMemGetInfo(free_b, total_b));
+}
+static inline void gpu_free(void *p) { GPU_CHECK(cudaFree(p)); }
+static inline void *gpu_host_alloc(size_t bytes) {
+    void *p = NULL;
+    GPU_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+}
+static inline void gpu_host_free(void *p) { GPU_CHECK(cudaFreeHost(p)); }
+static inline void gpu_stream_create(gpu_stream *s) {
+    GPU_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+}
+static inline void gpu_stream_destroy(gpu_stream s) { GPU_CHECK(cudaStreamDestroy(s)); }
+static inline void gpu_stream_sync(gpu_stream s) { GPU_CHECK(cudaStreamSynchronize(s)); }
+static inline void gpu_memcpy_h2d(void *dst, const void *src, size_t n, gpu_stream s) {
+    GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
+}
+static inline void gpu_memcpy_d2h(void *dst, const void *src, size_t n, gpu_stream s) {
+    GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s));
+}
+static inline void gpu_memcpy_d2d(void *dst, const void *src, size_t n, gpu_stream s) {
+    GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s));
+}
+static inline void gpu_memset(void *dst, int v, size_t n, gpu_stream s) {
+    GPU_CHECK(cudaMemsetAsync(dst, v, n, s));
+}
+static inline void gpu_capture_begin(gpu_stream s) {
+    GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+}
+static inline void gpu_capture_end(gpu_stream s, gpu_graph *g) {
+    GPU_CHECK(cudaStreamEndCapture(s, g));
+}
+static inline void gpu_graph_instantiate(gpu_graph_exec *e, gpu_graph g) {
+    GPU_CHECK(cudaGraphInstantiate(e, g, 0));
+}
+static inline size_t gpu_graph_n_nodes(gpu_graph g) {
+    size_t n = 0;
+    GPU_CHECK(cudaGraphGetNodes(g, NULL, &n));
+    return n;
+}
+static inline void gpu_graph_launch(gpu_graph_exec e, gpu_stream s) {
+    GPU_CHECK(cudaGraphLaunch(e, s));
+}
+static inline void gpu_graph_destroy(gpu_graph g, gpu_graph_exec e) {
+    if (e) GPU_CHECK(cudaGraphExecDestroy(e));
+    if (g) GPU_CHECK(cudaGraphDestroy(g));
+}
+static inline void gpu_event_create(gpu_event *e) { GPU_CHECK(cudaEventCreate(e)); }
+static inline void gpu_event_destroy(gpu_event e) { GPU_CHECK(cudaEventDestroy(e)); }
+static inline void gpu_event_record(gpu_event e, gpu_stream s) { GPU_CHECK(cudaEventRecord(e, s)); }
+static inline float gpu_event_ms(gpu_event a, gpu_event b) {
+    float ms = 0;
+    GPU_CHECK(cudaEventSynchronize(b));
+    GPU_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+}
+/* Resident blocks of `kernel` per multiprocessor at this block size and dynamic shared memory. */
+#ifdef __cplusplus
+template <typename F>
+static inline int gpu_occupancy(F kernel, int threads, size_t smem) {
+    int n = 0;
+    GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    return n;
+}
+#endif
+/* Launch with programmatic dependent launch allowed (pdl != 0): the kernel may start while the
+ * previous kernel of the stream finishes; it must call grid_dependency_wait() before touching
+ * anything that kernel wrote (or reads). */
+template <typename... Exp, typename... Act>
+static inline void gpu_launch(int pdl, void (*kernel)(Exp...), dim3 grid, dim3 block, size_t smem,
+                              gpu_stream s, Act... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+/* Lets a kernel use more than 48 KiB of dynamic shared memory. */
+#define GPU_SMEM_OPTIN(kernel, bytes)                                                          \
+    GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes)))
+
+/* cuBLAS: C (row-major, T x N) = A (row-major, T x K) * W^T (W row-major N x K), bf16 in and
+ * out, fp32 accumulation, the output rounded once (as torch's bf16 matmul). */
+static inline void gpu_blas_create(gpu_blas *h, gpu_stream s, void *workspace, size_t ws_bytes) {
+    BLAS_CHECK(cublasCreate(h));
+    BLAS_CHECK(cublasSetStream(*h, s));
+    BLAS_CHECK(cublasSetWorkspace(*h, workspace, ws_bytes));
+}
+static inline void gpu_blas_destroy(gpu_blas h) { BLAS_CHECK(cublasDestroy(h)); }
+static inline void gpu_gemm_bf16(gpu_blas h, void *C, const void *A, const void *W, int T, int N,
+                                 int K) {
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: C^T (N x T) = W (K x N col-major)^T * A^T (K x T col-major) */
+    BLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF, K, A,
+                            CUDA_R_16BF, K, &zero, C, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+/* ---- device helpers -------------------------------------------------------------------- */
+#ifdef __CUDACC__
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+/* sum over aligned groups of `width` lanes (width a power of two <= WARP_SIZE) */
+static __device__ __forceinline__ float group_sum(float v, int width) {
+    for (int o = width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+static __device__ __forceinline__ float shfl_xor(float v, int o) {
+    return __shfl_xor_sync(FULL_MASK, v, o);
+}
+static __device__ __forceinline__ int shfl_xor_int(int v, int o) {
+    return __shfl_xor_sync(FULL_MASK, v, o);
+}
+
+/* bf16 bits <-> fp32; rounding is round-to-nearest-even, NaN kept quiet (as util.h) */
+static __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+static __device__ __forceinline__ uint16_t f2bf(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static __device__ __forceinline__ float bfr(float f) { return bf2f(f2bf(f)); }
+static __device__ __forceinline__ float lo_bf(uint32_t w) { return __uint_as_float(w << 16); }
+static __device__ __forceinline__ float hi_bf(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+static __device__ __forceinline__ uint32_t pack_bf(float lo, float hi) {
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+/* 8 bf16 in a 16-byte word -> fp32 */
+static __device__ __forceinline__ void unpack8(uint4 v, float *f) {
+    f[0] = lo_bf(v.x); f[1] = hi_bf(v.x); f[2] = lo_bf(v.y); f[3] = hi_bf(v.y);
+    f[4] = lo_bf(v.z); f[5] = hi_bf(v.z); f[6] = lo_bf(v.w); f[7] = hi_bf(v.w);
+}
+static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
+    float s = lo_bf(a.x) * lo_bf(b.x);
+    s = fmaf(hi_bf(a.x), hi_bf(b.x), s);
+    s = fmaf(lo_bf(a.y), lo_bf(b.y), s);
+    s = fmaf(hi_bf(a.y), hi_bf(b.y), s);
+    s = fmaf(lo_bf(a.z), lo_bf(b.z), s);
+    s = fmaf(hi_bf(a.z), hi_bf(b.z), s);
+    s = fmaf(lo_bf(a.w), lo_bf(b.w), s);
+    s = fmaf(hi_bf(a.w), hi_bf(b.w), s);
+    return s;
+}
+/* Weights are read once per token: stream them past L1 and mark them evict-first in L2. */
+static __device__ __forceinline__ uint4 load_stream(const uint4 *p) { return __ldcs(p); }
+/* Data another block of the same launch wrote (after a fence): bypass the non-coherent L1. */
+static __device__ __forceinline__ float load_coherent(const float *p) { return __ldcg(p); }
+static __device__ __forceinline__ void fence_device(void) { __threadfence(); }
+/* Programmatic dependent launch: wait until the previous kernel of the stream has completed and
+ * its writes are visible (a no-op when launched without the attribute). */
+static __device__ __forceinline__ void grid_dependency_wait(void) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+/* Programmatic dependent launch: let the next kernel of the stream start its blocks (once every
+ * block of this one has executed this) while this one still runs. The next kernel may then run
+ * the part before its grid_dependency_wait() concurrently with this kernel and the one before
+ * it: that part may read only what no kernel of the current graph replay writes (weights,
+ * recurrent state and caches of earlier steps, the position uploaded before the replay).
+ * A no-op when the next kernel is launched without the attribute. */
+static __device__ __forceinline__ void grid_launch_dependents(void) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+/* Hint: bring the 128-byte line holding p into L2. */
+static __device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+static __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+#endif /* __CUDACC__ */
+#endif

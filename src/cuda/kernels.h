@@ -1,0 +1,114 @@
+/* kernels.h - the CUDA backend's internal interface: its state (stream, cuBLAS, scratch sized at
+ * creation) and the launchers of every kernel file. Launchers own the grid arithmetic; they
+ * never allocate and never synchronise, so every one of them can be captured into a graph. */
+#ifndef STRATA_CUDA_KERNELS_H
+#define STRATA_CUDA_KERNELS_H
+
+#include "gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "../backend.h"
+#include "../config.h"
+#include "../util.h"
+#include "cuda.h"
+
+#define CUDA_MAX_GRAPHS 16
+#define CUDA_ARGMAX_BLOCKS 264
+#define CUDA_STAGE_BYTES (1u << 20) /* pinned staging buffer for small copies */
+
+struct cuda_graph_slot {
+    int key;
+    gpu_graph graph;
+    gpu_graph_exec exec;
+};
+
+/* Kernel timing for the benchmark: when `profile` is set, each op records an event pair. */
+#define CUDA_PROF_MAX 2048
+struct cuda_prof {
+    int on, n;
+    const char *name[CUDA_PROF_MAX];
+    gpu_event ev[CUDA_PROF_MAX + 1];
+};
+
+struct cuda {
+    struct gpu_info info;
+    gpu_stream stream;
+    gpu_blas blas;
+    void *blas_ws;            /* cuBLAS workspace */
+    struct cuda_graph_slot graphs[CUDA_MAX_GRAPHS];
+    int n_graphs;
+    int capturing;            /* key being captured, 0 if none */
+    uint8_t *stage;           /* (CUDA_STAGE_BYTES,) pinned host staging */
+    size_t stage_off;
+    long n_launches;          /* kernels + cuBLAS calls issued (counts what a graph records) */
+    int pdl;                  /* decode kernels use programmatic dependent launch (STRATA_PDL=0: off) */
+    int gemv_persist;         /* GEMV grid capped at the resident blocks (STRATA_GEMV_PERSIST=0: one
+                                 row group per block) */
+    struct cuda_prof prof;
+
+    /* constants */
+    uint16_t *rope_cos, *rope_sin; /* (max_ctx, rotary_dim / 2) bf16, as torch rounds them */
+
+    /* scratch, sized from the config, max_ctx and max_T */
+    uint16_t *xn;      /* (max_T, max_K) normalised matmul inputs */
+    uint16_t *y;       /* (max_T, max_N) matmul outputs before the residual add / SwiGLU */
+    size_t xn_elems, y_elems;
+    uint16_t *attn_q;  /* (max_T, nH, hd) normalised, rotated queries */
+    float *attn_part;  /* (nH, attn_splits, hd + 2) split-KV partials: acc, max, sum */
+    int attn_splits;
+    uint16_t *gdn_y;   /* (max_T, conv_dim) conv + SiLU outputs */
+    float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
+    float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
+    uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
+    float *gdn_ostep;  /* (Hv, dv) decode step outputs, fp32 */
+    int *counters;     /* (256,) last-block counters, always left at zero */
+    size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
+    float *argmax_part; /* (CUDA_ARGMAX_BLOCKS, 2) value, index */
+};
+
+static inline struct cuda *cuda_of(struct backend *be) { return (struct cuda *)be->impl; }
+
+/* Profiling hooks around each op (no-ops unless prof.on). */
+void cuda_prof_begin(struct cuda *cu, const char *name);
+void cuda_prof_end(struct cuda *cu);
+
+/* misc.cu */
+void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table, const int32_t *ids, int T,
+                int H, int V);
+void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n);
+void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
+                  int K, float eps);
+
+/* matmul.cu */
+void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+               const uint16_t *W, int N, int K, float eps, int accumulate, int swiglu);
+void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
+void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);
+void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T, int N,
+               int K);
+
+/* attention.cu */
+void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *q_out,
+                    const uint16_t *qkv, const uint16_t *q_norm, const uint16_t *k_norm,
+                    uint16_t *k_cache, uint16_t *v_cache, const int32_t *pos, int T);
+void cuda_attn_decode(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
+                      const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
+                      const uint16_t *v_cache, const int32_t *pos);
+void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
+                       const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
+                       const uint16_t *v_cache, const int32_t *pos, int T);
+
+/* gdn.cu */
+void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
+                   uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
+                   const float *dt_bias, const float *norm_w, float *state);
+void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
+                      uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
+                      const float *dt_bias, const float *norm_w, float *state, int T);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,139 @@
+/* misc.cu - the small kernels: embedding lookup, the zero-centred RMSNorm of the batched
+ * (prefill) path, and the on-device argmax. Mirrors cpu.c's cpu_embed, rmsnorm_row and
+ * cpu_argmax. */
+#include "kernels.h"
+
+/* out[t] = table[ids[t]]. Bytes: 2 * T * H read + written; no FLOPs. */
+static __global__ void embed_kernel(uint16_t *out, const uint16_t *table, const int32_t *ids,
+                                    int H, int V) {
+    int t = blockIdx.x;
+    int id = ids[t];
+    id = id < 0 ? 0 : id >= V ? V - 1 : id; /* model.c validates ids; never read out of bounds */
+    const uint4 *src = (const uint4 *)(table + (size_t)id * H);
+    uint4 *dst = (uint4 *)(out + (size_t)t * H);
+    for (int i = threadIdx.x; i < H / 8; i += blockDim.x) dst[i] = src[i];
+}
+
+/* Zero-centred RMSNorm, one block per row: out = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)).
+ * Bytes: 4 * T * K (x read, out written) + 2 K; FLOPs: ~5 T K. */
+static __global__ void rmsnorm_kernel(uint16_t *out, const uint16_t *x, const uint16_t *w, int K,
+                                      float eps) {
+    __shared__ float red[32];
+    const uint16_t *xr = x + (size_t)blockIdx.x * K;
+    uint16_t *o = out + (size_t)blockIdx.x * K;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        float v = bf2f(xr[i]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (lane == 0) red[wid] = ss;
+    __syncthreads();
+    if (wid == 0) {
+        ss = lane < (int)(blockDim.x / WARP_SIZE) ? red[lane] : 0.0f;
+        ss = warp_sum(ss);
+        if (lane == 0) red[0] = ss;
+    }
+    __syncthreads();
+    float r = 1.0f / sqrtf(red[0] / (float)K + eps);
+    for (int i = threadIdx.x; i < K; i += blockDim.x)
+        o[i] = f2bf(bf2f(xr[i]) * r * (1.0f + bf2f(w[i])));
+}
+
+/* Argmax over n bf16 values, lowest index on ties. Each block reduces a slice to (value, index);
+ * the last block to finish reduces the block results and re-arms the counter. Bytes: 2 n. */
+static __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+static __global__ void argmax_kernel(int32_t *out, const uint16_t *x, int n, float *part,
+                                     int *counter) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ int last;
+    grid_launch_dependents();
+    grid_dependency_wait(); /* x: the lm_head GEMV before */
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    int per = (n + gridDim.x - 1) / gridDim.x;
+    per = (per + 7) & ~7;
+    int lo = blockIdx.x * per, hi = min(n, lo + per);
+    if (lo < hi) {
+        int n8 = (hi - lo) / 8;
+        const uint4 *x8 = (const uint4 *)(x + lo); /* lo is a multiple of 8 */
+        for (int k = threadIdx.x; k < n8; k += blockDim.x) {
+            float f[8];
+            unpack8(x8[k], f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) better(bv, bi, f[j], lo + 8 * k + j);
+        }
+        for (int k = lo + 8 * n8 + threadIdx.x; k < hi; k += blockDim.x) better(bv, bi, bf2f(x[k]), k);
+    }
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+        float v2 = shfl_xor(bv, o);
+        int i2 = shfl_xor_int(bi, o);
+        better(bv, bi, v2, i2);
+    }
+    int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (lane == 0) {
+        sv[wid] = bv;
+        si[wid] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x / WARP_SIZE); w++) better(bv, bi, sv[w], si[w]);
+        part[2 * blockIdx.x] = bv;
+        part[2 * blockIdx.x + 1] = __int_as_float(bi);
+        fence_device();
+        last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    fence_device();
+    bv = -INFINITY;
+    bi = 0x7fffffff;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x)
+        better(bv, bi, load_coherent(part + 2 * b), __float_as_int(load_coherent(part + 2 * b + 1)));
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+        float v2 = shfl_xor(bv, o);
+        int i2 = shfl_xor_int(bi, o);
+        better(bv, bi, v2, i2);
+    }
+    __syncthreads();
+    if (lane == 0) {
+        sv[wid] = bv;
+        si[wid] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x / WARP_SIZE); w++) better(bv, bi, sv[w], si[w]);
+        *out = bi == 0x7fffffff ? 0 : bi; /* all NaN: 0 */
+        *counter = 0;
+    }
+}
+
+extern "C" void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table,
+                           const int32_t *ids, int T, int H, int V) {
+    embed_kernel<<<T, 128, 0, cu->stream>>>(out, table, ids, H, V);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
+extern "C" void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w,
+                             int T, int K, float eps) {
+    rmsnorm_kernel<<<T, 256, 0, cu->stream>>>(out, x, w, K, eps);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
+extern "C" void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n) {
+    int blocks = (n + 2047) / 2048;
+    if (blocks > CUDA_ARGMAX_BLOCKS) blocks = CUDA_ARGMAX_BLOCKS;
+    if (blocks < 1) blocks = 1;
+    gpu_launch(cu->pdl, argmax_kernel, dim3(blocks), dim3(256), 0, cu->stream, out, x, n,
+               cu->argmax_part, cu->counters + 0);
+    cu->n_launches++;
+}

@@ -1,0 +1,429 @@
+/* test_cuda.c - every CUDA op against the CPU backend (the executable specification) on random,
+ * non-zero data at the real 0.8B / 4B / 9B dimensions, both the decode (T = 1) and the batched
+ * (T > 1) paths, split-KV attention deep into the context, a graph replayed at new positions,
+ * and argmax ties. Output buffers are poisoned with NaN before every op so an unwritten element
+ * fails. Without a usable GPU it prints "skipped: <reason>" and "0 passed, 0 failed".
+ *
+ * Tolerances: both backends round to bf16 at the same points and accumulate in fp32, but in a
+ * different order (tree vs sequential sums, online vs two-pass softmax), so a value that lands
+ * near a bf16 rounding boundary may round the other way: one bf16 ulp (2^-8 .. 2^-7 relative),
+ * and a flip early in a chain (GDN: o -> norm -> weight) can move a later value by another ulp.
+ * bf16 outputs must therefore agree within 2^-6 relative (2^-5 for SwiGLU's product of two
+ * rounded factors) + 2^-8 of the output's RMS at every element, and within 5e-3 in relative L2; the fp32 recurrent state within 1e-3 relative
+ * L2 (its inputs are identical bf16 values; only summation order and rare conv/SiLU rounding
+ * flips differ). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "config.h"
+#include "harness.h"
+#include "util.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng_next(void) {
+    uint64_t x = rng_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    rng_state = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+/* uniform in [-a, a], never exactly zero after bf16 rounding for the scales used here */
+static float rnd(float a) {
+    float u = (float)((rng_next() >> 40) & 0xffffff) / 16777216.0f; /* [0, 1) */
+    float v = (2.0f * u - 1.0f) * a;
+    return v == 0.0f ? a * 0.5f : v;
+}
+static uint16_t *rand_bf16(size_t n, float a) {
+    uint16_t *p = xmalloc(n * 2);
+#pragma omp parallel
+    {
+        /* per-thread streams: fast fill of multi-GB tables */
+        uint64_t s = 0x1234567ull + 0x9e3779b97f4a7c15ull * (uint64_t)(rng_next() | 1);
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            float u = (float)((s >> 40) & 0xffffff) / 16777216.0f;
+            float v = (2.0f * u - 1.0f) * a;
+            p[i] = f32_to_bf16(v == 0.0f ? a * 0.5f : v);
+        }
+    }
+    return p;
+}
+static float *rand_f32(size_t n, float a) {
+    float *p = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = rnd(a);
+    return p;
+}
+
+/* ---- configs of the real sizes (qwen35-model.md 1.3) ---------------------------------------- */
+
+static struct config make_config(const char *size) {
+    struct config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.architecture, sizeof c.architecture, "Qwen3_5ForConditionalGeneration");
+    c.vocab_size = 248320;
+    c.linear_conv_kernel_dim = 4;
+    c.linear_key_head_dim = c.linear_value_head_dim = 128;
+    c.linear_num_key_heads = 16;
+    c.head_dim = 256;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 1e7;
+    c.partial_rotary_factor = 0.25f;
+    c.max_position_embeddings = 262144;
+    if (!strcmp(size, "0.8B")) {
+        c.hidden_size = 1024, c.intermediate_size = 3584, c.num_hidden_layers = 24;
+        c.num_attention_heads = 8, c.num_key_value_heads = 2, c.linear_num_value_heads = 16;
+        c.tie_word_embeddings = 1;
+    } else if (!strcmp(size, "4B")) {
+        c.hidden_size = 2560, c.intermediate_size = 9216, c.num_hidden_layers = 32;
+        c.num_attention_heads = 16, c.num_key_value_heads = 4, c.linear_num_value_heads = 32;
+        c.tie_word_embeddings = 1;
+    } else {
+        c.hidden_size = 4096, c.intermediate_size = 12288, c.num_hidden_layers = 32;
+        c.num_attention_heads = 16, c.num_key_value_heads = 4, c.linear_num_value_heads = 32;
+    }
+    for (int l = 0; l < c.num_hidden_layers; l++)
+        c.layer_types[l] = (l + 1) % 4 == 0 ? LAYER_FULL_ATTENTION : LAYER_LINEAR_ATTENTION;
+    c.rotary_dim = (int)(c.head_dim * c.partial_rotary_factor);
+    c.key_dim = c.linear_num_key_heads * c.linear_key_head_dim;
+    c.value_dim = c.linear_num_value_heads * c.linear_value_head_dim;
+    c.conv_dim = 2 * c.key_dim + c.value_dim;
+    c.n_full_layers = c.num_hidden_layers / 4;
+    c.n_linear_layers = c.num_hidden_layers - c.n_full_layers;
+    return c;
+}
+
+/* ---- device helpers -------------------------------------------------------------------------- */
+
+struct pair {
+    struct backend *cpu, *gpu;
+};
+
+static void *up(struct backend *be, const void *src, size_t bytes) {
+    void *d = be->ops->alloc(be, bytes);
+    be->ops->upload(be, d, src, bytes);
+    return d;
+}
+static void *down(struct backend *be, const void *d, size_t bytes) {
+    void *h = xmalloc(bytes);
+    be->ops->download(be, h, d, bytes);
+    return h;
+}
+static void poison(struct backend *be, void *d, size_t bytes) {
+    uint8_t *h = xmalloc(bytes);
+    memset(h, 0xff, bytes); /* bf16 0xffff and fp32 0xffffffff are NaN */
+    be->ops->upload(be, d, h, bytes);
+    free(h);
+}
+
+/* Compares n bf16 values; returns 1 when within the tolerance stated at the top. */
+static int close_bf16_tol(const char *what, const uint16_t *got, const uint16_t *ref, size_t n,
+                          double rel_tol) {
+    double ss = 0, se = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r = bf16_to_f32(ref[i]);
+        ss += r * r;
+    }
+    double rms = sqrt(ss / (double)(n ? n : 1));
+    size_t bad = 0, worst = 0;
+    double worst_e = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r = bf16_to_f32(ref[i]), g = bf16_to_f32(got[i]);
+        double e = fabs(g - r), tol = fabs(r) * rel_tol + rms / 256.0;
+        if (!(e <= tol)) {
+            if (bad == 0 || !(e <= worst_e)) worst = i, worst_e = e;
+            bad++;
+        }
+        se += isnan(e) ? 1e30 : e * e;
+    }
+    double rel = ss > 0 ? sqrt(se / ss) : sqrt(se);
+    int ok = bad == 0 && rel < 5e-3;
+    printf("  %-44s n=%-9zu rel_l2=%.2e bad=%zu%s\n", what, n, rel, bad, ok ? "" : "  <-- FAIL");
+    if (!ok && bad)
+        printf("    worst at %zu: got %g want %g\n", worst, bf16_to_f32(got[worst]),
+               bf16_to_f32(ref[worst]));
+    return ok;
+}
+static int close_bf16(const char *what, const uint16_t *got, const uint16_t *ref, size_t n) {
+    return close_bf16_tol(what, got, ref, n, 1.0 / 64);
+}
+static int close_f32(const char *what, const float *got, const float *ref, size_t n) {
+    double ss = 0, se = 0;
+    for (size_t i = 0; i < n; i++) {
+        ss += (double)ref[i] * ref[i];
+        double e = (double)got[i] - ref[i];
+        se += isnan(e) ? 1e30 : e * e;
+    }
+    double rel = ss > 0 ? sqrt(se / ss) : sqrt(se);
+    int ok = rel < 1e-3;
+    printf("  %-44s n=%-9zu rel_l2=%.2e%s\n", what, n, rel, ok ? "" : "  <-- FAIL");
+    return ok;
+}
+
+/* ---- op checks ------------------------------------------------------------------------------- */
+
+static void check_matmul(struct pair *p, const char *tag, int T, int N, int K, int norm, int acc) {
+    size_t nx = (size_t)T * K, nw = (size_t)N * K, no = (size_t)T * N;
+    uint16_t *x = rand_bf16(nx, 2.0f), *w = rand_bf16(nw, 0.05f), *nw_ = rand_bf16(K, 0.5f);
+    uint16_t *o0 = rand_bf16(no, 1.0f);
+    uint16_t *res[2];
+    struct backend *bes[2] = {p->cpu, p->gpu};
+    for (int b = 0; b < 2; b++) {
+        struct backend *be = bes[b];
+        void *dx = up(be, x, nx * 2), *dw = up(be, w, nw * 2), *dn = up(be, nw_, (size_t)K * 2);
+        void *dout = be->ops->alloc(be, no * 2);
+        if (acc) be->ops->upload(be, dout, o0, no * 2);
+        else if (b == 1) poison(be, dout, no * 2);
+        be->ops->matmul(be, dout, dx, norm ? dn : NULL, dw, T, N, K, acc);
+        res[b] = down(be, dout, no * 2);
+        be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dn), be->ops->free(be, dout);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s matmul T=%d N=%d K=%d%s%s", tag, T, N, K, norm ? " norm" : "",
+             acc ? " +res" : "");
+    EXPECT(close_bf16(what, res[1], res[0], no), "%s", what);
+    free(x), free(w), free(nw_), free(o0), free(res[0]), free(res[1]);
+}
+
+static void check_swiglu(struct pair *p, const char *tag, int T, int I, int K) {
+    size_t nx = (size_t)T * K, nw = (size_t)2 * I * K, no = (size_t)T * I;
+    uint16_t *x = rand_bf16(nx, 2.0f), *w = rand_bf16(nw, 0.05f), *nw_ = rand_bf16(K, 0.5f);
+    uint16_t *res[2];
+    struct backend *bes[2] = {p->cpu, p->gpu};
+    for (int b = 0; b < 2; b++) {
+        struct backend *be = bes[b];
+        void *dx = up(be, x, nx * 2), *dw = up(be, w, nw * 2), *dn = up(be, nw_, (size_t)K * 2);
+        void *dout = be->ops->alloc(be, no * 2);
+        if (b == 1) poison(be, dout, no * 2);
+        be->ops->matmul_swiglu(be, dout, dx, dn, dw, T, I, K);
+        res[b] = down(be, dout, no * 2);
+        be->ops->free(be, dx), be->ops->free(be, dw), be->ops->free(be, dn), be->ops->free(be, dout);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s swiglu T=%d I=%d K=%d", tag, T, I, K);
+    /* the product of two independently rounded bf16 values (silu(gate), up): each may flip one
+     * ulp (<= 2^-7 relative), so 2^-5 per element here; the L2 criterion is unchanged */
+    EXPECT(close_bf16_tol(what, res[1], res[0], no, 1.0 / 32), "%s", what);
+    free(x), free(w), free(nw_), free(res[0]), free(res[1]);
+}
+
+/* Attention of T tokens at position pos0 with the cache already holding pos0 random entries.
+ * With graph_steps > 0 (T = 1): the op is captured once and replayed at pos0+1, pos0+2, ... */
+static void check_attention(struct pair *p, const struct config *c, const char *tag, int max_ctx,
+                            int pos0, int T, int graph_steps) {
+    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    size_t row = (size_t)2 * nH * hd + 2 * nKV * hd;
+    int steps = graph_steps > 0 ? graph_steps : 1;
+    size_t nqkv = (size_t)T * row * steps, nout = (size_t)T * nH * hd;
+    size_t ncache = (size_t)nKV * max_ctx * hd;
+    uint16_t *qkv = rand_bf16(nqkv, 2.0f), *qn = rand_bf16(hd, 0.5f), *kn = rand_bf16(hd, 0.5f);
+    uint16_t *kc = rand_bf16(ncache, 1.0f), *vc = rand_bf16(ncache, 1.0f);
+    uint16_t *res[2][8], *kres[2], *vres[2];
+    struct backend *bes[2] = {p->cpu, p->gpu};
+    CHECK(steps <= 8);
+    for (int b = 0; b < 2; b++) {
+        struct backend *be = bes[b];
+        void *dqkv = up(be, qkv, nqkv * 2), *dqn = up(be, qn, hd * 2), *dkn = up(be, kn, hd * 2);
+        void *dk = up(be, kc, ncache * 2), *dv = up(be, vc, ncache * 2);
+        void *dout = be->ops->alloc(be, nout * 2);
+        int32_t *dpos = be->ops->alloc(be, 4);
+        void *dstep = be->ops->alloc(be, (size_t)T * row * 2); /* the graph reads a fixed buffer */
+        for (int s = 0; s < steps; s++) {
+            int32_t pos = pos0 + s;
+            be->ops->upload(be, dpos, &pos, 4);
+            be->ops->upload(be, dstep, qkv + (size_t)s * T * row, (size_t)T * row * 2);
+            if (b == 1) poison(be, dout, nout * 2);
+            if (graph_steps > 0) {
+                if (!be->ops->graph_replay(be, 11)) {
+                    be->ops->graph_begin(be, 11);
+                    be->ops->attention(be, dout, dstep, dqn, dkn, dk, dv, dpos, T);
+                    be->ops->graph_end(be, 11);
+                }
+            } else {
+                be->ops->attention(be, dout, dstep, dqn, dkn, dk, dv, dpos, T);
+            }
+            res[b][s] = down(be, dout, nout * 2);
+        }
+        kres[b] = down(be, dk, ncache * 2);
+        vres[b] = down(be, dv, ncache * 2);
+        void *bufs[] = {dqkv, dqn, dkn, dk, dv, dout, dpos, dstep};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+    }
+    char what[160];
+    for (int s = 0; s < steps; s++) {
+        snprintf(what, sizeof what, "%s attention T=%d pos=%d%s", tag, T, pos0 + s,
+                 graph_steps ? " (graph)" : "");
+        EXPECT(close_bf16(what, res[1][s], res[0][s], nout), "%s", what);
+        free(res[0][s]), free(res[1][s]);
+    }
+    snprintf(what, sizeof what, "%s k cache after pos=%d T=%d", tag, pos0, T);
+    EXPECT(close_bf16(what, kres[1], kres[0], ncache), "%s", what);
+    snprintf(what, sizeof what, "%s v cache after pos=%d T=%d", tag, pos0, T);
+    EXPECT(close_bf16(what, vres[1], vres[0], ncache), "%s", what);
+    free(qkv), free(qn), free(kn), free(kc), free(vc);
+    free(kres[0]), free(kres[1]), free(vres[0]), free(vres[1]);
+}
+
+/* GDN over `calls` consecutive calls of T tokens each from a random state. */
+static void check_gdn(struct pair *p, const struct config *c, const char *tag, int T, int calls,
+                      int graph) {
+    int Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    int K = c->linear_conv_kernel_dim;
+    size_t row = (size_t)c->conv_dim + c->value_dim + 2 * Hv;
+    size_t nproj = (size_t)T * row, nout = (size_t)T * c->value_dim;
+    size_t nconv = (size_t)c->conv_dim * K, nst = (size_t)Hv * dk * dv;
+    uint16_t *proj = rand_bf16(nproj * calls, 3.0f), *cw = rand_bf16(nconv, 0.5f);
+    uint16_t *cs = rand_bf16(nconv, 3.0f);
+    float *A_log = rand_f32(Hv, 1.0f), *dt_bias = rand_f32(Hv, 1.0f), *nw = rand_f32(dv, 1.0f);
+    float *st = rand_f32(nst, 0.5f);
+    for (int i = 0; i < Hv; i++) A_log[i] = bf16r(A_log[i]), dt_bias[i] = bf16r(dt_bias[i]);
+    for (int i = 0; i < dv; i++) nw[i] = bf16r(1.0f + 0.5f * nw[i]);
+    uint16_t *res[2][8], *cres[2];
+    float *sres[2];
+    struct backend *bes[2] = {p->cpu, p->gpu};
+    CHECK(calls <= 8);
+    for (int b = 0; b < 2; b++) {
+        struct backend *be = bes[b];
+        void *dproj = be->ops->alloc(be, nproj * 2), *dcw = up(be, cw, nconv * 2);
+        void *dcs = up(be, cs, nconv * 2);
+        void *dA = up(be, A_log, Hv * 4), *ddt = up(be, dt_bias, Hv * 4), *dnw = up(be, nw, dv * 4);
+        void *dst = up(be, st, nst * 4), *dout = be->ops->alloc(be, nout * 2);
+        for (int s = 0; s < calls; s++) {
+            be->ops->upload(be, dproj, proj + (size_t)s * nproj, nproj * 2);
+            if (b == 1) poison(be, dout, nout * 2);
+            if (graph) {
+                if (!be->ops->graph_replay(be, 12)) {
+                    be->ops->graph_begin(be, 12);
+                    be->ops->gdn(be, dout, dproj, dcs, dcw, dA, ddt, dnw, dst, T);
+                    be->ops->graph_end(be, 12);
+                }
+            } else {
+                be->ops->gdn(be, dout, dproj, dcs, dcw, dA, ddt, dnw, dst, T);
+            }
+            res[b][s] = down(be, dout, nout * 2);
+        }
+        cres[b] = down(be, dcs, nconv * 2);
+        sres[b] = down(be, dst, nst * 4);
+        void *bufs[] = {dproj, dcw, dcs, dA, ddt, dnw, dst, dout};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+    }
+    char what[160];
+    for (int s = 0; s < calls; s++) {
+        snprintf(what, sizeof what, "%s gdn T=%d call %d%s", tag, T, s, graph ? " (graph)" : "");
+        EXPECT(close_bf16(what, res[1][s], res[0][s], nout), "%s", what);
+        free(res[0][s]), free(res[1][s]);
+    }
+    snprintf(what, sizeof what, "%s gdn conv state T=%d x%d", tag, T, calls);
+    EXPECT(close_bf16(what, cres[1], cres[0], nconv), "%s", what);
+    snprintf(what, sizeof what, "%s gdn recurrent state T=%d x%d", tag, T, calls);
+    EXPECT(close_f32(what, sres[1], sres[0], nst), "%s", what);
+    free(proj), free(cw), free(cs), free(A_log), free(dt_bias), free(nw), free(st);
+    free(cres[0]), free(cres[1]), free(sres[0]), free(sres[1]);
+}
+
+static void check_embed_argmax(struct pair *p, const struct config *c, const char *tag,
+                               const uint16_t *table) {
+    int H = c->hidden_size, V = c->vocab_size, T = 6;
+    int32_t ids[6] = {0, V - 1, 12345, 7, V / 2, 12345};
+    uint16_t *res[2];
+    struct backend *bes[2] = {p->cpu, p->gpu};
+    for (int b = 0; b < 2; b++) {
+        struct backend *be = bes[b];
+        void *dt = up(be, table, (size_t)V * H * 2), *di = up(be, ids, sizeof ids);
+        void *dout = be->ops->alloc(be, (size_t)T * H * 2);
+        if (b == 1) poison(be, dout, (size_t)T * H * 2);
+        be->ops->embed(be, dout, dt, di, T);
+        res[b] = down(be, dout, (size_t)T * H * 2);
+        be->ops->free(be, dt), be->ops->free(be, di), be->ops->free(be, dout);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s embed", tag);
+    EXPECT(memcmp(res[0], res[1], (size_t)T * H * 2) == 0, "%s differs", what);
+    free(res[0]), free(res[1]);
+
+    /* argmax: random logits, then a planted tie at two indices (lowest must win) */
+    uint16_t *x = rand_bf16((size_t)V, 8.0f);
+    for (int trial = 0; trial < 3; trial++) {
+        if (trial == 1) x[200001] = x[77777] = f32_to_bf16(100.0f);
+        if (trial == 2) x[5] = f32_to_bf16(100.0f), x[V - 1] = f32_to_bf16(100.0f);
+        int32_t got[2];
+        for (int b = 0; b < 2; b++) {
+            struct backend *be = bes[b];
+            void *dx = up(be, x, (size_t)V * 2);
+            int32_t *dout = be->ops->alloc(be, 4);
+            be->ops->argmax(be, dout, dx, V);
+            be->ops->download(be, &got[b], dout, 4);
+            be->ops->free(be, dx), be->ops->free(be, dout);
+        }
+        EXPECT(got[0] == got[1], "%s argmax trial %d: cuda %d cpu %d", tag, trial, got[1], got[0]);
+    }
+    free(x);
+}
+
+static void check_size(const char *size) {
+    struct config c = make_config(size);
+    int max_ctx = 4096, max_T = 64;
+    struct error err = {{0}};
+    struct pair p;
+    p.cpu = backend_cpu_create(&c, max_ctx, max_T, 0);
+    p.gpu = backend_cuda_create(&c, max_ctx, max_T, &err);
+    CHECK(p.gpu);
+    printf("%s (H %d, I %d, nH %d, nKV %d, Hv %d):\n", size, c.hidden_size, c.intermediate_size,
+           c.num_attention_heads, c.num_key_value_heads, c.linear_num_value_heads);
+    int H = c.hidden_size, I = c.intermediate_size, nH = c.num_attention_heads;
+    int nKV = c.num_key_value_heads, hd = c.head_dim;
+    int gdn_rows = c.conv_dim + c.value_dim + 2 * c.linear_num_value_heads;
+    int attn_rows = 2 * nH * hd + 2 * nKV * hd;
+    for (int T = 1; T <= 7; T += 6) {
+        check_matmul(&p, size, T, gdn_rows, H, 1, 0);
+        check_matmul(&p, size, T, attn_rows, H, 1, 0);
+        check_matmul(&p, size, T, H, c.value_dim, 0, 1);
+        check_matmul(&p, size, T, H, nH * hd, 0, 1);
+        check_matmul(&p, size, T, H, I, 0, 1);
+        check_swiglu(&p, size, T, I, H);
+    }
+    check_matmul(&p, size, 1, 1000, H, 0, 0); /* odd row count */
+    uint16_t *table = rand_bf16((size_t)c.vocab_size * H, 1.0f);
+    check_embed_argmax(&p, &c, size, table);
+    free(table);
+    check_matmul(&p, size, 1, c.vocab_size, H, 1, 0); /* lm_head */
+    if (!strcmp(size, "0.8B")) check_matmul(&p, size, 16, c.vocab_size, H, 1, 0);
+
+    check_attention(&p, &c, size, max_ctx, 0, 1, 0);
+    check_attention(&p, &c, size, max_ctx, 1, 1, 0);
+    check_attention(&p, &c, size, max_ctx, 300, 1, 0);
+    check_attention(&p, &c, size, max_ctx, 4000, 1, 0);
+    check_attention(&p, &c, size, max_ctx, 40, 1, 5);   /* graph replayed at 41..44 */
+    check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
+    check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
+
+    check_gdn(&p, &c, size, 1, 4, 0);
+    check_gdn(&p, &c, size, 1, 3, 1);
+    check_gdn(&p, &c, size, 2, 1, 0);
+    check_gdn(&p, &c, size, 45, 2, 0);
+    p.gpu->ops->destroy(p.gpu);
+    p.cpu->ops->destroy(p.cpu);
+}
+
+int main(int argc, char **argv) {
+    struct config c = make_config("0.8B");
+    struct error err = {{0}};
+    struct backend *probe = backend_cuda_create(&c, 64, 1, &err);
+    if (!probe) {
+        printf("skipped: %s\n", err.msg);
+        return TEST_DONE();
+    }
+    probe->ops->destroy(probe);
+    const char *sizes[] = {"0.8B", "4B", "9B"};
+    for (int i = 0; i < 3; i++) {
+        if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;
+        check_size(sizes[i]);
+    }
+    return TEST_DONE();
+}

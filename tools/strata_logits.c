@@ -1,0 +1,140 @@
+/* strata_logits.c - the strata side of tools/compare_transformers.py: runs a model on a list of
+ * token ids and writes what the comparison needs as raw little-endian arrays. Built on the GPU
+ * machine by scripts/gpu-run.sh against build-gpu/libstrata.a; not part of the strata binary.
+ *
+ *   strata_logits DIR BACKEND IDS OUT all          teacher-forced logits, float32 (n, vocab)
+ *   strata_logits DIR BACKEND IDS OUT greedy N     prefill IDS, N greedy ids, int32 (N,)
+ *   strata_logits DIR BACKEND IDS OUT steps P      prefill IDS[0..P) then step the rest, against
+ *                                                  step-only from IDS[0]: prints the max |diff|
+ *                                                  and argmax agreement over positions P-1..n-1;
+ *                                                  OUT gets float32 (2, n-P+1, vocab)
+ * IDS is a file of int32 token ids. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+static int32_t *read_ids(const char *path, int *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    int32_t *ids = xmalloc((size_t)sz + 4);
+    *n = (int)(fread(ids, 4, (size_t)sz / 4, f));
+    fclose(f);
+    return ids;
+}
+
+static int argmax_f(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 6) {
+        fprintf(stderr, "usage: strata_logits DIR cpu|cuda IDS OUT all|greedy N|steps P\n");
+        return 2;
+    }
+    struct model_options opt = {0};
+    opt.backend = !strcmp(argv[2], "cpu") ? BACKEND_CPU : BACKEND_CUDA;
+    opt.ctx = 2048;
+    opt.quiet = 1;
+    int n;
+    int32_t *ids = read_ids(argv[3], &n);
+    if (!ids || n < 1) {
+        fprintf(stderr, "strata_logits: cannot read ids from %s\n", argv[3]);
+        return 1;
+    }
+    struct error err = {{0}};
+    struct model *m = model_load(argv[1], &opt, &err);
+    if (!m) {
+        fprintf(stderr, "strata_logits: %s\n", err.msg);
+        return 1;
+    }
+    int V = model_config(m)->vocab_size;
+    FILE *out = fopen(argv[4], "wb");
+    if (!out) {
+        fprintf(stderr, "strata_logits: cannot write %s\n", argv[4]);
+        return 1;
+    }
+    const char *mode = argv[5];
+    int rc = 0;
+    if (!strcmp(mode, "all")) {
+        float *lg = xmalloc((size_t)n * V * sizeof(float));
+        if (model_prefill(m, ids, n, lg, &err) < 0) {
+            fprintf(stderr, "strata_logits: %s\n", err.msg);
+            rc = 1;
+        } else {
+            fwrite(lg, sizeof(float), (size_t)n * V, out);
+        }
+        free(lg);
+    } else if (!strcmp(mode, "greedy") && argc > 6) {
+        int N = atoi(argv[6]);
+        int32_t *gen = xmalloc((size_t)(N > 0 ? N : 1) * 4);
+        if (model_prefill(m, ids, n, NULL, &err) < 0) {
+            fprintf(stderr, "strata_logits: %s\n", err.msg);
+            rc = 1;
+        } else {
+            for (int i = 0; i < N; i++) {
+                gen[i] = model_argmax(m);
+                if (i + 1 < N && model_step(m, gen[i]) != 0) {
+                    fprintf(stderr, "strata_logits: context full\n");
+                    rc = 1;
+                    break;
+                }
+            }
+            fwrite(gen, 4, (size_t)N, out);
+        }
+        free(gen);
+    } else if (!strcmp(mode, "steps") && argc > 6) {
+        int P = atoi(argv[6]);
+        if (P < 1 || P > n) P = n;
+        int rows = n - P + 1;
+        float *a = xmalloc((size_t)rows * V * sizeof(float)), *b = xmalloc((size_t)rows * V * sizeof(float));
+        /* prefill P, then steps */
+        if (model_prefill(m, ids, P, NULL, &err) < 0) {
+            fprintf(stderr, "strata_logits: %s\n", err.msg);
+            return 1;
+        }
+        model_logits(m, a);
+        for (int i = P; i < n; i++) {
+            model_step(m, ids[i]);
+            model_logits(m, a + (size_t)(i - P + 1) * V);
+        }
+        /* step-only */
+        model_reset(m);
+        if (model_prefill(m, ids, 1, NULL, &err) < 0) return 1;
+        if (P == 1) model_logits(m, b);
+        for (int i = 1; i < n; i++) {
+            model_step(m, ids[i]);
+            if (i >= P - 1) model_logits(m, b + (size_t)(i - P + 1) * V);
+        }
+        double maxd = 0;
+        int agree = 0;
+        for (int r = 0; r < rows; r++) {
+            const float *x = a + (size_t)r * V, *y = b + (size_t)r * V;
+            for (int i = 0; i < V; i++) {
+                double d = x[i] > y[i] ? x[i] - y[i] : y[i] - x[i];
+                if (d > maxd) maxd = d;
+            }
+            agree += argmax_f(x, V) == argmax_f(y, V);
+        }
+        printf("prefill %d + steps vs step-only: max |logit diff| %.5f, argmax agree %d/%d\n", P,
+               maxd, agree, rows);
+        fwrite(a, sizeof(float), (size_t)rows * V, out);
+        fwrite(b, sizeof(float), (size_t)rows * V, out);
+        free(a);
+        free(b);
+    } else {
+        fprintf(stderr, "strata_logits: unknown mode %s\n", mode);
+        rc = 2;
+    }
+    fclose(out);
+    model_free(m);
+    free(ids);
+    return rc;
+}
