@@ -29,7 +29,7 @@ CFLAGS  += -DSTRATA_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 
-.PHONY: all test asan test-asan clean
+.PHONY: all test asan test-asan bench clean
 all: $(BUILD)/strata
 
 $(BUILD)/strata: $(BUILD)/src/main.o $(BUILD)/libstrata.a
@@ -66,6 +66,13 @@ asan:
 test-asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(BUILD)/strata $(TESTS:$(BUILD)/%=build-asan/%)
 	@BUILD=build-asan bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%)
+
+# benchmark programs (the engine's own benchmark is `strata bench`)
+BENCHES := $(BUILD)/bench/bench_tokenizer $(BUILD)/bench/http_latency
+bench: $(BENCHES)
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libstrata.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libstrata.a $(LDLIBS)
 
 clean:
 	rm -rf build build-asan

@@ -5,8 +5,8 @@
  *
  *   bench_tokenizer --tokenizer data/qwen3-tokenizer/tokenizer.json --corpus bench.bin [--reps 3]
  *
- * Build: cc -O3 -march=x86-64-v3 -std=c11 -D_GNU_SOURCE -Isrc bench/bench_tokenizer.c
- *        src/tokenizer.c src/util.c -ljansson -lpcre2-8 -licuuc -licudata
+ * Build: make bench (or: cc -O3 -march=x86-64-v3 -std=c11 -D_GNU_SOURCE -Isrc bench/bench_tokenizer.c
+ *        src/tokenizer.c src/util.c -ljansson -lpcre2-8 -licuuc -licudata)
  * (for a binary to carry to another machine add -static and -lstdc++ -lm -lpthread: ICU is C++
  * inside). */
 #include <stdio.h>

@@ -10,8 +10,8 @@
  * ignore_eos, --n tokens (default 350), thinking off. Each variant runs --reps times after one
  * warm-up; the median is printed.
  *
- *   cc -O2 -std=c11 -D_GNU_SOURCE -Isrc bench/http_latency.c build/libstrata.a $(LDLIBS) \
- *      -o build/http_latency
+ *   make bench   (or: cc -O2 -std=c11 -D_GNU_SOURCE -Isrc bench/http_latency.c build/libstrata.a $(LDLIBS) \
+ *      -o build/http_latency)
  *   build/http_latency --model DIR [--backend cuda|cpu] [--n 350] [--prompt-tokens 54]
  *                      [--tokenizer-dir demo]   (random checkpoints carry no tokenizer)
  * Decode tok/s counts every generated token (predicted_n): tokens of a random model past the
