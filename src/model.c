@@ -237,8 +237,9 @@ static int is_skipped_name(const char *name) {
 }
 
 /* Device memory the model will take: weights (as in the checkpoint, minus skipped tensors), KV
- * cache for ctx positions, DeltaNet states, activations for max_T tokens (a slight over-estimate:
- * the backend's own scratch is not included). Fails with bytes needed vs free when it cannot fit. */
+ * cache for ctx positions, DeltaNet states, activations for max_T tokens. The backend's scratch is
+ * already allocated when this runs, so the free memory it reports accounts for it. Fails with
+ * bytes needed vs free when the model cannot fit. */
 static int check_memory(struct model *m, const char *dir, struct error *err) {
     struct backend *be = m->be;
     size_t avail = be->ops->mem_free ? be->ops->mem_free(be) : 0;
