@@ -29,21 +29,28 @@ CFLAGS  += -DSTRATA_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
 endif
 
-.PHONY: all test asan test-asan bench clean
+.PHONY: all test asan test-asan bench clean FORCE
 all: $(BUILD)/strata
 
 $(BUILD)/strata: $(BUILD)/src/main.o $(BUILD)/libstrata.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/libstrata.a: $(LIB_OBJ)
+$(BUILD)/libstrata.a: $(LIB_OBJ) $(BUILD)/.config
 	@rm -f $@
-	ar rcs $@ $^
+	ar rcs $@ $(LIB_OBJ)
 
-$(BUILD)/%.o: %.c $(wildcard src/*.h src/cpu/*.h src/cuda/*.h)
+# The compiler flags and object list of this build directory: when they change (e.g. `make NVCC=`
+# after a CUDA build in the same directory) every object and the library are rebuilt.
+$(BUILD)/.config: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LIB_OBJ)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LIB_OBJ)' > $@
+FORCE:
+
+$(BUILD)/%.o: %.c $(wildcard src/*.h src/cpu/*.h src/cuda/*.h) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/%.o: %.cu $(wildcard src/*.h src/cuda/*.h)
+$(BUILD)/%.o: %.cu $(wildcard src/*.h src/cuda/*.h) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 

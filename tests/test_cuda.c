@@ -1,7 +1,7 @@
 /* test_cuda.c - every CUDA op against the CPU backend (the executable specification) on random,
  * non-zero data at the real 0.8B / 4B / 9B dimensions, both the decode (T = 1) and the batched
- * (T > 1) paths, split-KV attention deep into the context, a graph replayed at new positions,
- * and argmax ties. Output buffers are poisoned with NaN before every op so an unwritten element
+ * (T > 1) paths, split-KV attention deep into the context (4,000 and the last slot of a 32k
+ * cache), a graph replayed at new positions, and argmax ties. Output buffers are poisoned with NaN before every op so an unwritten element
  * fails. Without a usable GPU it prints "skipped: <reason>" and "0 passed, 0 failed".
  *
  * Tolerances: both backends round to bf16 at the same points and accumulate in fp32, but in a
@@ -411,6 +411,25 @@ static void check_size(const char *size) {
     p.cpu->ops->destroy(p.cpu);
 }
 
+/* Decode at the end of a 32,768-token cache: every split full (the two-level merge of 132 / 66
+ * partials), the K/V append at the very last slot, and a graph replayed up to it. Same
+ * tolerance as above: only summation order differs (over 32k keys the softmax weights are tiny
+ * and fp32-summed in both backends). */
+static void check_long(const char *size) {
+    struct config c = make_config(size);
+    int max_ctx = 32768;
+    struct error err = {{0}};
+    struct pair p;
+    p.cpu = backend_cpu_create(&c, max_ctx, 1, 0);
+    p.gpu = backend_cuda_create(&c, max_ctx, 1, &err);
+    CHECK(p.gpu);
+    printf("%s, context %d:\n", size, max_ctx);
+    check_attention(&p, &c, size, max_ctx, max_ctx - 1, 1, 0);
+    check_attention(&p, &c, size, max_ctx, max_ctx - 5, 1, 5); /* graph replayed to the last slot */
+    p.gpu->ops->destroy(p.gpu);
+    p.cpu->ops->destroy(p.cpu);
+}
+
 int main(int argc, char **argv) {
     struct config c = make_config("0.8B");
     struct error err = {{0}};
@@ -424,6 +443,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++) {
         if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;
         check_size(sizes[i]);
+        if (i < 2) check_long(sizes[i]);
     }
     return TEST_DONE();
 }

@@ -3,9 +3,10 @@
  * (tables built at creation exactly as the CPU computes them), K/V appended to the bf16 cache at
  * *pos, causal GQA softmax attention in fp32, then bf16(o) * bf16(sigmoid(gate)).
  *
- * Decode uses split-KV (flash-decoding): a fixed grid of (nKV, splits) blocks whose chunk size
- * follows *pos on the device, so one captured graph serves every position and any context;
- * a second kernel merges the partial softmaxes. Prefill gives each (token, KV head) a warp that
+ * Decode is one kernel per layer: split-KV (flash-decoding) over a fixed grid of (nKV, splits)
+ * blocks whose chunk size follows *pos on the device, so one captured graph serves every
+ * position and any context; the q/k norm, RoPE and K/V append run in it, and the partial
+ * softmaxes merge in its last blocks (last-block counters). Prefill gives each (token, KV head) a warp that
  * walks its keys with an online softmax for the G query heads sharing that KV head. The
  * softmax is online (rescaled running sums) rather than cpu.c's two passes: equal up to fp32
  * rounding. */
@@ -112,62 +113,243 @@ static __device__ __forceinline__ void attend_range(const float (&qv)[G][8], con
     }
 }
 
-/* Split-KV decode: block (kv head, split) covers a chunk of the positions 0 .. *pos; its 8 warps
- * take contiguous sub-chunks and merge in shared memory; the block writes (acc, max, sum) per
- * query head. Bytes: 4 nKV (pos + 1) hd (K and V read once); FLOPs: 4 nH (pos + 1) hd. */
+/* ---- decode: one kernel per layer ---------------------------------------------------------
+ * Block (kv head, split) of a fixed (nKV, nsplit) grid; the chunk of positions a split covers
+ * follows *pos on the device (no context ceiling; one graph serves every position).
+ *  1. before griddepcontrol.wait: the first group of keys of each warp (rows < *pos, written by
+ *     earlier steps) is loaded into registers and the next groups are prefetched into L2;
+ *  2. after it, the prep: q/k RMSNorm + RoPE of the G query heads sharing this KV head (every
+ *     block, from qkv), and in the block whose chunk holds *pos the new K/V row to the cache;
+ *  3. each warp walks its sub-chunk DEC_U keys at a time for all G query heads (K/V read once
+ *     per KV head), the next group's K loads issued before the current group's softmax and its
+ *     V loads before the next group's scores (software pipelined, no extra registers), one max
+ *     update per group; the block's 8 warps merge in shared memory into a partial (acc, max, sum);
+ *  4. the partials merge in a two-level tree through last-block counters (always left at zero):
+ *     the last block of each group of DEC_GROUP splits merges that group into its first slot;
+ *     the last group merges the groups and applies the output gate.
+ * Bytes: 4 nKV (pos + 1) hd of K/V + ~8 nH nact hd of partials; FLOPs: ~4 nH (pos + 1) hd. */
+#define DEC_U 2               /* keys per group (more spills at 2 blocks/SM) */
+#define DEC_PF 8              /* rows ahead that each warp asks L2 for */
+#define DEC_GROUP 16          /* splits per first-level merge; nsplit <= DEC_GROUP^2 */
+#define DEC_COUNTERS 64       /* this file's last-block counters: cu->counters[64 ..) */
+#define DEC_CNT_PER_KV (DEC_GROUP + 1)
+
+/* Merges `cnt` partial slots (slot i at ph + i * sstride floats, layout (hd + 2): acc, max, sum)
+ * of each of the G heads (head gi's slots start at part_h + gi * hstride); with out == NULL the
+ * result goes back into slot 0 as a partial, else it is normalised, gated and written as bf16. */
 template <int G>
-static __global__ void __launch_bounds__(ATTN_WARPS *WARP_SIZE)
-attn_decode_kernel(float *part, const uint16_t *q, const uint16_t *k_cache,
-                   const uint16_t *v_cache, const int32_t *pos, int nsplit, int hd, int max_ctx,
-                   float scale) {
-    extern __shared__ float sm[]; /* (ATTN_WARPS, G, hd + 2) */
-    const int kvh = blockIdx.x, split = blockIdx.y;
-    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    int n = *pos + 1;
+static __device__ void merge_slots(const float *part_h, size_t hstride, size_t sstride, int cnt,
+                                   int hd, float *fw, float *MLs, float *slot0_w, uint16_t *out,
+                                   const uint16_t *gate_h, int h0) {
+    const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    for (int gi = wid; gi < G; gi += ATTN_WARPS) {
+        const float *ph = part_h + gi * hstride;
+        float ms = -INFINITY, ls = 0.0f;
+        if (lane < cnt) {
+            ms = load_coherent(ph + (size_t)lane * sstride + hd);
+            ls = load_coherent(ph + (size_t)lane * sstride + hd + 1);
+        }
+        const float M = warp_max(ls > 0.0f ? ms : -INFINITY);
+        const float f = ls > 0.0f && M != -INFINITY ? expf(ms - M) : 0.0f;
+        if (lane < DEC_GROUP) fw[gi * DEC_GROUP + lane] = f;
+        const float L = warp_sum(f * ls);
+        if (lane == 0) MLs[2 * gi] = M, MLs[2 * gi + 1] = L;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * hd; idx += ATTN_WARPS * WARP_SIZE) {
+        const int gi = idx / hd, d = idx % hd;
+        const float *ph = part_h + gi * hstride + d;
+        const float *w = fw + gi * DEC_GROUP;
+        float A = 0.0f;
+#pragma unroll 4
+        for (int i = 0; i < cnt; i++) A += load_coherent(ph + (size_t)i * sstride) * w[i];
+        const float L = MLs[2 * gi + 1];
+        if (out) {
+            float o = L > 0.0f ? A / L : 0.0f;
+            float gate = bf2f(gate_h[(size_t)(h0 + gi) * 2 * hd + hd + d]);
+            out[(size_t)(h0 + gi) * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gate))); /* HF: * sigmoid(gate) */
+        } else {
+            float *pw = slot0_w + gi * hstride;
+            pw[d] = A;
+            if (d == 0) pw[hd] = MLs[2 * gi], pw[hd + 1] = L;
+        }
+    }
+}
+
+/* zero-centred RMSNorm of hd bf16 values (HF q_norm / k_norm) then NeoX RoPE on the first rot
+ * dims at position p, into buf (fp32 holding bf16 values); one warp. */
+static __device__ void norm_rope_warp(float *buf, const uint16_t *src, const uint16_t *w, int hd,
+                                      int rot, const uint16_t *rope_cos, const uint16_t *rope_sin,
+                                      int p, float eps) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    float ss = 0.0f;
+    for (int d = lane; d < hd; d += WARP_SIZE) {
+        float v = bf2f(src[d]);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)hd + eps);
+    for (int d = lane; d < hd; d += WARP_SIZE) buf[d] = bfr(bf2f(src[d]) * r * (1.0f + bf2f(w[d])));
+    __syncwarp();
+    const int half = rot / 2;
+    for (int j = lane; j < half; j += WARP_SIZE) { /* each pair (j, j + half) by one lane */
+        float x1 = buf[j], x2 = buf[j + half];
+        float c = bf2f(rope_cos[(size_t)p * half + j]), sn = bf2f(rope_sin[(size_t)p * half + j]);
+        buf[j] = bfr(bfr(x1 * c) + bfr(-x2 * sn));
+        buf[j + half] = bfr(bfr(x2 * c) + bfr(x1 * sn));
+    }
+    __syncwarp();
+}
+
+/* Asks L2 for the K and V rows [r0, r1) (128-byte lines spread over the warp's lanes): the loads
+ * that follow DEC_PF rows later find them there, so more bytes are in flight than registers hold. */
+static __device__ __forceinline__ void prefetch_rows(const uint16_t *kc, const uint16_t *vc, int hd,
+                                                     int r0, int r1) {
+    const int lane = threadIdx.x % WARP_SIZE, bytes = (r1 - r0) * hd * 2; /* rows are contiguous */
+    const char *kb = (const char *)(kc + (size_t)r0 * hd), *vb = (const char *)(vc + (size_t)r0 * hd);
+    for (int off = lane * 128; off < bytes; off += WARP_SIZE * 128) {
+        prefetch_l2(kb + off);
+        prefetch_l2(vb + off);
+    }
+}
+
+template <int G>
+static __global__ void __launch_bounds__(ATTN_WARPS *WARP_SIZE, 2)
+attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qkv,
+                   const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
+                   uint16_t *v_cache, const uint16_t *rope_cos, const uint16_t *rope_sin,
+                   const int32_t *pos, int nsplit, int hd, int rot, int max_ctx, float scale,
+                   float eps) {
+    extern __shared__ float sm[];
+    float *wsm = sm;                                   /* (ATTN_WARPS, G, hd + 2) warp partials */
+    float *qs = wsm + (size_t)ATTN_WARPS * G * (hd + 2); /* (G, hd) normalised, rotated q */
+    float *kbuf = qs + (size_t)G * hd;                 /* (hd,) the new key */
+    float *fw = kbuf + hd;                             /* (G, DEC_GROUP) merge weights */
+    float *MLs = fw + G * DEC_GROUP;                   /* (G, 2) merged max, sum */
+    __shared__ int s_last;
+    const int kvh = blockIdx.x, split = blockIdx.y, nKV = gridDim.x, nH = nKV * G;
+    const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    grid_launch_dependents();
+    const int p = *pos; /* uploaded before the step: readable before the wait */
+    int n = p + 1;
     if (n > max_ctx) n = max_ctx;
     int chunk = (n + nsplit - 1) / nsplit;
     if (chunk < 32) chunk = 32;
+    const int nact = (n + chunk - 1) / chunk;
+    if (split >= nact) return; /* whole block: no keys here at this position */
     const int start = split * chunk, end = min(n, start + chunk);
-    const int nH = gridDim.x * G;
-    /* before the wait (programmatic dependent launch): the positions before *pos were written
-     * by earlier steps; ask L2 for this block's share of them (the newest row is written by the
-     * prep kernel of this step: not touched here) */
-    grid_launch_dependents();
-    {
-        const int pend = min(end, n - 1);
-        const size_t row_b = (size_t)hd * 2, base = (size_t)kvh * max_ctx * hd;
-        const char *kb = (const char *)(k_cache + base), *vb = (const char *)(v_cache + base);
-        for (size_t off = (size_t)start * row_b + threadIdx.x * 128; off < (size_t)max(pend, start) * row_b;
-             off += (size_t)blockDim.x * 128) {
-            prefetch_l2(kb + off);
-            prefetch_l2(vb + off);
+    const int sub = (end - start + ATTN_WARPS - 1) / ATTN_WARPS;
+    const int a = start + wid * sub, b = min(end, a + sub);
+    const size_t kvbase = (size_t)kvh * max_ctx * hd;
+    const uint16_t *kc = k_cache + kvbase, *vc = v_cache + kvbase;
+    const bool on = lane * 8 < hd;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    /* 1. before the wait: rows < p were written by earlier steps (row p is written below) */
+    uint4 kk[DEC_U], vv[DEC_U];
+#pragma unroll
+    for (int u = 0; u < DEC_U; u++) {
+        const int j = a + u;
+        const bool ok = on && j < b && j < p;
+        kk[u] = ok ? *(const uint4 *)(kc + (size_t)j * hd + lane * 8) : zero;
+        vv[u] = ok ? *(const uint4 *)(vc + (size_t)j * hd + lane * 8) : zero;
+    }
+    prefetch_rows(kc, vc, hd, a + DEC_U, min(b, a + DEC_U + DEC_PF));
+    grid_dependency_wait(); /* qkv comes from the GEMV before */
+
+    /* 2. prep: the G query heads of this KV head; the new K/V row in the block that holds p */
+    const bool owner = p < max_ctx && split == p / chunk; /* model.c stops at a full context */
+    const int pr = min(p, max_ctx - 1);                   /* RoPE row (never past the table) */
+    const size_t kv_off = (size_t)2 * nH * hd + (size_t)kvh * hd;
+    for (int item = wid; item < G + (owner ? 1 : 0); item += ATTN_WARPS) {
+        if (item < G) {
+            norm_rope_warp(qs + (size_t)item * hd, qkv + (size_t)(kvh * G + item) * 2 * hd, q_norm,
+                           hd, rot, rope_cos, rope_sin, pr, eps);
+        } else {
+            norm_rope_warp(kbuf, qkv + kv_off, k_norm, hd, rot, rope_cos, rope_sin, p, eps);
+            const uint16_t *vsrc = qkv + kv_off + (size_t)nKV * hd;
+            uint16_t *kd = k_cache + kvbase + (size_t)p * hd, *vd = v_cache + kvbase + (size_t)p * hd;
+            for (int d = lane; d < hd; d += WARP_SIZE) {
+                kd[d] = f2bf(kbuf[d]);
+                vd[d] = vsrc[d];
+            }
         }
     }
-    grid_dependency_wait();
-    float qv[G][8], m[G], l[G], acc[G][8];
+    __syncthreads(); /* q in shared memory; row p in the cache, visible to this block */
+#pragma unroll
+    for (int u = 0; u < DEC_U; u++)
+        if (on && a + u == p && a + u < b) {
+            kk[u] = *(const uint4 *)(kc + (size_t)p * hd + lane * 8);
+            vv[u] = *(const uint4 *)(vc + (size_t)p * hd + lane * 8);
+        }
+
+    /* 3. the keys [a, b) of this warp for the G heads */
+    uint4 qp[G]; /* q as packed bf16 (its values are bf16 exactly): half the registers */
+    float m[G], l[G], acc[G][8];
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
-        int h = kvh * G + gi;
         m[gi] = -INFINITY;
         l[gi] = 0.0f;
+        const float *qg = qs + (size_t)gi * hd + lane * 8;
+        qp[gi] = on ? make_uint4(pack_bf(qg[0], qg[1]), pack_bf(qg[2], qg[3]), pack_bf(qg[4], qg[5]),
+                                 pack_bf(qg[6], qg[7]))
+                    : zero;
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            acc[gi][e] = 0.0f;
-            qv[gi][e] = lane * 8 < hd ? bf2f(q[(size_t)h * hd + lane * 8 + e]) : 0.0f;
+        for (int e = 0; e < 8; e++) acc[gi][e] = 0.0f;
+    }
+    for (int j = a; j < b; j += DEC_U) {
+        float sc[DEC_U][G];
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+#pragma unroll
+            for (int gi = 0; gi < G; gi++) sc[u][gi] = dot8(qp[gi], kk[u]);
+        }
+        const int jn = j + DEC_U;
+        prefetch_rows(kc, vc, hd, jn + DEC_PF, min(b, jn + DEC_PF + DEC_U));
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) { /* next group's keys while these scores reduce */
+            const bool ok = on && jn + u < b;
+            kk[u] = ok ? *(const uint4 *)(kc + (size_t)(jn + u) * hd + lane * 8) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++)
+#pragma unroll
+            for (int gi = 0; gi < G; gi++)
+                sc[u][gi] = j + u < b ? warp_sum(sc[u][gi]) * scale : -INFINITY;
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            float mn = m[gi];
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) mn = fmaxf(mn, sc[u][gi]); /* finite: key j exists */
+            const float corr = expf(m[gi] - mn);
+            float pu[DEC_U], ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) ps += (pu[u] = expf(sc[u][gi] - mn));
+            l[gi] = l[gi] * corr + ps;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[gi][e] *= corr;
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++) {
+                float vf[8];
+                unpack8(vv[u], vf);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[gi][e] = fmaf(pu[u], vf[e], acc[gi][e]);
+            }
+            m[gi] = mn;
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            const bool ok = on && jn + u < b;
+            vv[u] = ok ? *(const uint4 *)(vc + (size_t)(jn + u) * hd + lane * 8) : zero;
         }
     }
-    if (start < end) {
-        int sub = (end - start + ATTN_WARPS - 1) / ATTN_WARPS;
-        int a = start + wid * sub, b = min(end, a + sub);
-        const uint16_t *kc = k_cache + (size_t)kvh * max_ctx * hd;
-        const uint16_t *vc = v_cache + (size_t)kvh * max_ctx * hd;
-        if (a < b) attend_range<G>(qv, kc, vc, hd, a, b, scale, m, l, acc);
-    }
+
+    /* the block's 8 warps -> one partial per query head */
     const int stride = hd + 2;
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
-        float *w = sm + ((size_t)wid * G + gi) * stride;
-        if (lane * 8 < hd)
+        float *w = wsm + ((size_t)wid * G + gi) * stride;
+        if (on)
 #pragma unroll
             for (int e = 0; e < 8; e++) w[lane * 8 + e] = acc[gi][e];
         if (lane == 0) {
@@ -176,60 +358,55 @@ attn_decode_kernel(float *part, const uint16_t *q, const uint16_t *k_cache,
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * hd; idx += blockDim.x) {
+    for (int idx = tid; idx < G * hd; idx += blockDim.x) {
         int gi = idx / hd, d = idx % hd;
         float M = -INFINITY;
-        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, sm[((size_t)w * G + gi) * stride + hd]);
+        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, wsm[((size_t)w * G + gi) * stride + hd]);
         float A = 0.0f, L = 0.0f;
         if (M != -INFINITY)
             for (int w = 0; w < ATTN_WARPS; w++) {
-                const float *ws = sm + ((size_t)w * G + gi) * stride;
+                const float *ws = wsm + ((size_t)w * G + gi) * stride;
                 if (ws[hd] == -INFINITY) continue;
                 float f = expf(ws[hd] - M);
                 A += ws[d] * f;
                 L += ws[hd + 1] * f;
             }
-        int h = kvh * G + gi;
-        float *pp = part + ((size_t)h * nsplit + split) * stride;
+        float *pp = part + ((size_t)(kvh * G + gi) * nsplit + split) * stride;
         pp[d] = A;
         if (d == 0) {
             pp[hd] = M;
             pp[hd + 1] = L;
         }
     }
-    (void)nH;
-}
 
-/* Merges the splits of each query head and applies the output gate. One block per query head.
- * Only the splits that hold keys are read (the decode kernel's chunking, from *pos): at short
- * contexts a few of the nsplit. Bytes: 4 nH active (hd + 2) + 4 nH hd; FLOPs: ~3 nH active hd. */
-static __global__ void attn_combine_kernel(uint16_t *out, const float *part, const uint16_t *qkv,
-                                           const int32_t *pos, int nsplit, int hd, int max_ctx) {
-    const int h = blockIdx.x, stride = hd + 2;
-    grid_launch_dependents();
-    int n = *pos + 1; /* uploaded before the step: readable before the wait */
-    if (n > max_ctx) n = max_ctx;
-    int chunk = (n + nsplit - 1) / nsplit;
-    if (chunk < 32) chunk = 32;
-    const int nact = min(nsplit, (n + chunk - 1) / chunk);
-    grid_dependency_wait(); /* the partials of the kernel before */
-    const float *ph = part + (size_t)h * nsplit * stride;
-    float M = -INFINITY;
-    for (int s = 0; s < nact; s++)
-        if (ph[(size_t)s * stride + hd + 1] > 0.0f) M = fmaxf(M, ph[(size_t)s * stride + hd]);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float A = 0.0f, L = 0.0f;
-        for (int s = 0; s < nact; s++) {
-            const float *ps = ph + (size_t)s * stride;
-            if (ps[hd + 1] <= 0.0f) continue;
-            float f = expf(ps[hd] - M);
-            A += ps[d] * f;
-            L += ps[hd + 1] * f;
-        }
-        float o = L > 0.0f ? A / L : 0.0f;
-        float gate = bf2f(qkv[(size_t)h * 2 * hd + hd + d]);
-        out[(size_t)h * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gate))); /* HF: * sigmoid(gate) */
+    /* 4. two-level merge through last-block counters */
+    int *cnt = counters + (size_t)kvh * DEC_CNT_PER_KV;
+    const int g = split / DEC_GROUP, ng = (nact + DEC_GROUP - 1) / DEC_GROUP;
+    const int g0 = g * DEC_GROUP, gcnt = min(DEC_GROUP, nact - g0);
+    const size_t hstride = (size_t)nsplit * stride;
+    float *part_kv = part + (size_t)kvh * G * hstride;
+    fence_device();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(&cnt[g], 1) == gcnt - 1;
+    __syncthreads();
+    if (!s_last) return;
+    fence_device();
+    if (tid == 0) cnt[g] = 0;
+    if (ng == 1) { /* one group: merge it into the output */
+        merge_slots<G>(part_kv, hstride, stride, gcnt, hd, fw, MLs, NULL, out, qkv, kvh * G);
+        return;
     }
+    merge_slots<G>(part_kv + (size_t)g0 * stride, hstride, stride, gcnt, hd, fw, MLs,
+                   part_kv + (size_t)g0 * stride, NULL, qkv, kvh * G);
+    fence_device();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(&cnt[DEC_GROUP], 1) == ng - 1;
+    __syncthreads();
+    if (!s_last) return;
+    fence_device();
+    if (tid == 0) cnt[DEC_GROUP] = 0;
+    merge_slots<G>(part_kv, hstride, (size_t)DEC_GROUP * stride, ng, hd, fw, MLs, NULL, out, qkv,
+                   kvh * G);
 }
 
 /* Causal prefill: a warp per (token, KV head) walks keys 0 .. *pos + t for its G query heads.
@@ -278,10 +455,14 @@ extern "C" void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_
                                uint16_t *q_out, const uint16_t *qkv, const uint16_t *q_norm,
                                const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
                                const int32_t *pos, int T) {
+    if (T == 1) { /* decode: folded into the split kernel, which cuda_attn_decode launches next */
+        cu->attn_q_norm = q_norm;
+        cu->attn_k_norm = k_norm;
+        return;
+    }
     int nH = c->num_attention_heads, nKV = c->num_key_value_heads;
     int items = T * (nH + nKV);
-    /* decode: programmatic dependent launch like every decode kernel; prefill: plain */
-    gpu_launch(T == 1 ? cu->pdl : 0, attn_prep_kernel, dim3((items + ATTN_WARPS - 1) / ATTN_WARPS),
+    gpu_launch(0, attn_prep_kernel, dim3((items + ATTN_WARPS - 1) / ATTN_WARPS),
                dim3(ATTN_WARPS * WARP_SIZE), 0, cu->stream, q_out, qkv, q_norm, k_norm, k_cache,
                v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, T, nH,
                nKV, c->head_dim, c->rotary_dim, max_ctx, c->rms_norm_eps);
@@ -290,34 +471,48 @@ extern "C" void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_
 
 template <int G>
 static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
-                          const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
-                          const uint16_t *v_cache, const int32_t *pos) {
-    int nKV = c->num_key_value_heads, hd = c->head_dim, ns = cu->attn_splits;
-    size_t smem = (size_t)ATTN_WARPS * G * (hd + 2) * sizeof(float);
-    if (smem > 48 * 1024) {
-        void (*kern)(float *, const uint16_t *, const uint16_t *, const uint16_t *, const int32_t *,
-                     int, int, int, float) = attn_decode_kernel<G>;
-        GPU_SMEM_OPTIN(kern, smem);
-    }
-    gpu_launch(cu->pdl, attn_decode_kernel<G>, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem,
-               cu->stream, cu->attn_part, q, k_cache, v_cache, pos, ns, hd, max_ctx,
-               1.0f / sqrtf((float)hd));
-    gpu_launch(cu->pdl, attn_combine_kernel, dim3(nKV * G), dim3(256), 0, cu->stream, out,
-               (const float *)cu->attn_part, qkv, pos, ns, hd, max_ctx);
-    cu->n_launches += 2;
+                          const uint16_t *qkv, uint16_t *k_cache, uint16_t *v_cache,
+                          const int32_t *pos) {
+    int nKV = c->num_key_value_heads, hd = c->head_dim;
+    CHECK(hd % 8 == 0 && hd <= 8 * WARP_SIZE && c->rotary_dim <= hd);
+    CHECK(nKV * DEC_CNT_PER_KV <= 256 - DEC_COUNTERS);
+    size_t smem = ((size_t)ATTN_WARPS * G * (hd + 2) + (size_t)G * hd + hd + G * DEC_GROUP + 2 * G) *
+                  sizeof(float);
+    void (*kern)(uint16_t *, float *, int *, const uint16_t *, const uint16_t *, const uint16_t *,
+                 uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, const int32_t *, int,
+                 int, int, int, float, float) = attn_decode_kernel<G>;
+    if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
+    /* splits: as many as the resident blocks fill (every split of every KV head in one wave),
+     * at most the partial buffer's attn_splits and DEC_GROUP^2 (the merge tree's reach) */
+    int occ = gpu_occupancy(kern, ATTN_WARPS * WARP_SIZE, smem);
+    int ns = occ > 0 ? occ * cu->info.n_sm / nKV : 1;
+    if (ns > cu->attn_splits) ns = cu->attn_splits;
+    if (ns > DEC_GROUP * DEC_GROUP) ns = DEC_GROUP * DEC_GROUP;
+    if (ns < 1) ns = 1;
+    gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
+               cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,
+               k_cache, v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin,
+               pos, ns, hd, c->rotary_dim, max_ctx, 1.0f / sqrtf((float)hd), c->rms_norm_eps);
+    cu->n_launches++;
 }
 
+/* q: unused (the decode kernel normalises and rotates q itself); the caches are written at *pos
+ * (the K/V append of the prep folded in), with the q/k norm weights cuda_attn_prep recorded. */
 extern "C" void cuda_attn_decode(struct cuda *cu, const struct config *c, int max_ctx,
                                  uint16_t *out, const uint16_t *q, const uint16_t *qkv,
                                  const uint16_t *k_cache, const uint16_t *v_cache,
                                  const int32_t *pos) {
+    (void)q;
+    CHECK(cu->attn_q_norm && cu->attn_k_norm); /* cuda_attn_prep(T = 1) comes first */
+    uint16_t *kc = (uint16_t *)k_cache, *vc = (uint16_t *)v_cache;
     switch (c->num_attention_heads / c->num_key_value_heads) {
-    case 1: launch_decode<1>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos); break;
-    case 2: launch_decode<2>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos); break;
-    case 4: launch_decode<4>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos); break;
-    case 8: launch_decode<8>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos); break;
+    case 1: launch_decode<1>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
+    case 2: launch_decode<2>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
+    case 4: launch_decode<4>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
+    case 8: launch_decode<8>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
     default: CHECK(!"unsupported GQA group size");
     }
+    cu->attn_q_norm = cu->attn_k_norm = NULL;
 }
 
 template <int G>

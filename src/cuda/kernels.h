@@ -58,12 +58,15 @@ struct cuda {
     uint16_t *attn_q;  /* (max_T, nH, hd) normalised, rotated queries */
     float *attn_part;  /* (nH, attn_splits, hd + 2) split-KV partials: acc, max, sum */
     int attn_splits;
+    const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
+                                                 cuda_attn_decode, which folds the prep in */
     uint16_t *gdn_y;   /* (max_T, conv_dim) conv + SiLU outputs */
     float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
     float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
     float *gdn_ostep;  /* (Hv, dv) decode step outputs, fp32 */
-    int *counters;     /* (256,) last-block counters, always left at zero */
+    int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax,
+                          [8 ..) gdn step, [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
     float *argmax_part; /* (CUDA_ARGMAX_BLOCKS, 2) value, index */
 };
@@ -89,7 +92,9 @@ void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int 
 void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T, int N,
                int K);
 
-/* attention.cu */
+/* attention.cu. Decode (T = 1): cuda_attn_prep only records the norm weights and
+ * cuda_attn_decode launches one kernel doing prep, split-KV attention, merge and gate; prefill:
+ * prep kernel then the causal kernel. */
 void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *q_out,
                     const uint16_t *qkv, const uint16_t *q_norm, const uint16_t *k_norm,
                     uint16_t *k_cache, uint16_t *v_cache, const int32_t *pos, int T);
