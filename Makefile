@@ -61,8 +61,9 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libstrata.a
 # The suite: every test binary, plus the loader's malformed-input corpus under ASan + UBSan.
 ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 ASAN_TESTS := build-asan/tests/test_loader
-# the server as real clients see it: the openai npm package, curl (need scripts/install-deps.sh)
-CLIENT_TESTS := tests/server/test.mjs tests/server/curl.sh
+# the command line, and the server as real clients see it: the openai npm package and curl
+# (need scripts/install-deps.sh)
+CLIENT_TESTS := tests/cli.sh tests/server/test.mjs tests/server/curl.sh
 test: $(BUILD)/strata $(TESTS)
 	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(ASAN_TESTS) >/dev/null
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(ASAN_TESTS) $(CLIENT_TESTS)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# cli.sh - the strata command line on the demo model: run (ids and text, greedy is
+# deterministic), info, tokenize round trip, render, and the error paths (bad option, missing
+# model, id outside the vocabulary, prompt longer than the context). Prints "N passed, N failed".
+#   bash tests/cli.sh      (env: BUILD=build)
+set -u
+cd "$(dirname "$0")/.."
+exe="${BUILD:-build}/strata"
+pass=0; fail=0
+ok() { if eval "$1"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $2" >&2; fi; }
+tmp=$(mktemp -d)
+
+# run --prompt-ids: ids out, greedy twice gives the same ids, timings on stderr
+"$exe" run --prompt-ids "9707 11 1879" -n 8 --backend cpu --threads 1 >"$tmp/a" 2>"$tmp/ae"
+"$exe" run --prompt-ids "9707 11 1879" -n 8 --backend cpu --threads 1 >"$tmp/b" 2>/dev/null
+ok '[ "$(wc -w <"$tmp/a")" -ge 1 ] && cmp -s "$tmp/a" "$tmp/b"' "run --prompt-ids: deterministic ids"
+ok 'grep -q "prefill .* ms" "$tmp/ae" && grep -q "decode .* tok/s" "$tmp/ae"' "run: timings"
+
+# run --prompt --chat: the demo answers in text and stops at <|im_end|>
+"$exe" run --prompt "Hello!" --chat -n 64 --backend cpu --threads 1 >"$tmp/c" 2>"$tmp/ce"
+ok 'grep -q "finish: stop" "$tmp/ce"' "run --chat: stops at EOS"
+ok '[ -s "$tmp/c" ] && ! grep -q "<|im_end|>" "$tmp/c"' "run --chat: text, EOS not printed"
+
+# info
+"$exe" info >"$tmp/i" 2>&1
+ok 'grep -q "^layers .*Gated DeltaNet" "$tmp/i" && grep -q "^KV cache .* bytes per token" "$tmp/i"' "info"
+ok 'grep -q "^DeltaNet state .* bytes per sequence" "$tmp/i" && grep -q "^parameters" "$tmp/i"' "info: state, parameters"
+
+# tokenize round trip
+printf 'Héllo, wörld! 123' | "$exe" tokenize >"$tmp/t"
+ok '[ "$("$exe" tokenize --decode <"$tmp/t")" = "Héllo, wörld! 123" ]' "tokenize / --decode round trip"
+ok '! printf "\xff\xfe" | "$exe" tokenize >/dev/null 2>"$tmp/te" && grep -q "invalid UTF-8" "$tmp/te"' "tokenize: invalid UTF-8 refused"
+
+# render
+echo '{"messages":[{"role":"user","content":"Hi"}]}' | "$exe" render >"$tmp/r"
+ok 'grep -q "^<|im_start|>user$" "$tmp/r" && grep -q "^<|im_start|>assistant$" "$tmp/r"' "render"
+ok '! echo "{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\"}]}" | "$exe" render >/dev/null 2>&1' "render: refusal exits non-zero"
+
+# errors: clear message, non-zero exit, no crash (exit < 128)
+"$exe" run --model /nonexistent --prompt-ids 1 >/dev/null 2>"$tmp/e1"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "config.json: cannot open" "$tmp/e1"' "missing model"
+"$exe" run --prompt-ids "999999999" --backend cpu >/dev/null 2>"$tmp/e2"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "outside the vocabulary" "$tmp/e2"' "id outside the vocabulary"
+"$exe" run --prompt-ids "1 2 3 4 5" --ctx 4 --backend cpu >/dev/null 2>"$tmp/e3"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "does not fit the context" "$tmp/e3"' "prompt longer than the context"
+"$exe" run --frobnicate >/dev/null 2>"$tmp/e4"; rc=$?
+ok '[ $rc -eq 2 ] && grep -q "unknown or incomplete option" "$tmp/e4"' "bad option"
+"$exe" info --model tests/bad/st_truncated >/dev/null 2>"$tmp/e5"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "truncated file" "$tmp/e5"' "truncated checkpoint"
+
+rm -rf "$tmp"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
