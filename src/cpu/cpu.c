@@ -32,28 +32,50 @@ static struct cpu *cpu_of(struct backend *be) { return be->impl; }
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* sum_i w[i] * x[i], w bf16, x fp32, fp32 accumulation */
-static float dot_bf16_f32(const uint16_t *w, const float *x, int n) {
+/* out[j] = sum_i w[i] * x[j][i] for NX rows x[j] (1 <= NX <= 4): w bf16, x fp32, fp32
+ * accumulation. Each weight vector is loaded and widened once for all rows (the prefill case);
+ * every row is summed in exactly the same order whatever NX is, so a token gives bit-identical
+ * results alone (decode) or in a batch (prefill). */
+#define DOT_MAX_ROWS 4
+static void dot_bf16_f32(const uint16_t *w, const float *const *x, int nx, int n, float *out) {
     int i = 0;
-    float sum = 0.0f;
+    float sum[DOT_MAX_ROWS] = {0};
 #ifdef __AVX2__
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc0[DOT_MAX_ROWS], acc1[DOT_MAX_ROWS];
+    for (int j = 0; j < DOT_MAX_ROWS; j++) acc0[j] = acc1[j] = _mm256_setzero_ps();
     for (; i + 16 <= n; i += 16) {
         __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i)));
         __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i + 8)));
         __m256 f0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
         __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
-        acc0 = _mm256_fmadd_ps(f0, _mm256_loadu_ps(x + i), acc0);
-        acc1 = _mm256_fmadd_ps(f1, _mm256_loadu_ps(x + i + 8), acc1);
+        for (int j = 0; j < nx; j++) {
+            acc0[j] = _mm256_fmadd_ps(f0, _mm256_loadu_ps(x[j] + i), acc0[j]);
+            acc1[j] = _mm256_fmadd_ps(f1, _mm256_loadu_ps(x[j] + i + 8), acc1[j]);
+        }
     }
-    __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    sum = _mm_cvtss_f32(s);
+    for (int j = 0; j < nx; j++) {
+        __m256 acc = _mm256_add_ps(acc0[j], acc1[j]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+        sum[j] = _mm_cvtss_f32(h);
+    }
 #endif
-    for (; i < n; i++) sum += bf16_to_f32(w[i]) * x[i];
-    return sum;
+    for (; i < n; i++) {
+        float wi = bf16_to_f32(w[i]);
+        for (int j = 0; j < nx; j++) sum[j] += wi * x[j][i];
+    }
+    for (int j = 0; j < nx; j++) out[j] = sum[j];
+}
+
+/* dot_bf16_f32 of one weight row against every row of xf (T, K), DOT_MAX_ROWS at a time. */
+static void dot_rows(const uint16_t *w, const float *xf, int T, int K, float *out) {
+    for (int t0 = 0; t0 < T; t0 += DOT_MAX_ROWS) {
+        const float *x[DOT_MAX_ROWS];
+        int nx = T - t0 < DOT_MAX_ROWS ? T - t0 : DOT_MAX_ROWS;
+        for (int j = 0; j < nx; j++) x[j] = xf + (size_t)(t0 + j) * K;
+        dot_bf16_f32(w, x, nx, K, out + t0);
+    }
 }
 
 /* Zero-centred RMSNorm of one row into fp32 values that are exactly bf16 (the rounded output):
@@ -123,31 +145,34 @@ static void cpu_embed(struct backend *be, uint16_t *out, const uint16_t *table, 
 static void cpu_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                        const uint16_t *W, int T, int N, int K, int accumulate) {
     float *xf = matmul_input(be, x, norm_w, T, K);
+    float *acc = xmalloc((size_t)cpu_of(be)->n_threads * T * sizeof(float));
 #pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
     for (int n = 0; n < N; n++) {
-        const uint16_t *w = W + (size_t)n * K;
+        float *y = acc + (size_t)omp_get_thread_num() * T; /* (T,) this row's outputs */
+        dot_rows(W + (size_t)n * K, xf, T, K, y);
         for (int t = 0; t < T; t++) {
-            float y = bf16r(dot_bf16_f32(w, xf + (size_t)t * K, K)); /* HF: the bf16 linear output */
+            float m = bf16r(y[t]); /* HF: the bf16 linear output */
             uint16_t *o = out + (size_t)t * N + n;
-            *o = f32_to_bf16(accumulate ? bf16_to_f32(*o) + y : y); /* HF: residual = residual + m */
+            *o = f32_to_bf16(accumulate ? bf16_to_f32(*o) + m : m); /* HF: residual = residual + m */
         }
     }
+    free(acc);
     free(xf);
 }
 
 static void cpu_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *x,
                               const uint16_t *norm_w, const uint16_t *W_gu, int T, int I, int K) {
     float *xf = matmul_input(be, x, norm_w, T, K);
+    float *acc = xmalloc((size_t)cpu_of(be)->n_threads * 2 * T * sizeof(float));
 #pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
     for (int i = 0; i < I; i++) {
-        const uint16_t *wg = W_gu + (size_t)i * K, *wu = W_gu + (size_t)(I + i) * K;
-        for (int t = 0; t < T; t++) {
-            float g = bf16r(dot_bf16_f32(wg, xf + (size_t)t * K, K)); /* HF: gate_proj(x) */
-            float u = bf16r(dot_bf16_f32(wu, xf + (size_t)t * K, K)); /* HF: up_proj(x) */
-            /* HF: act_fn(gate_proj(x)) * up_proj(x), each op rounding to bf16 */
-            out[(size_t)t * I + i] = f32_to_bf16(bf16r(silu(g)) * u);
-        }
+        float *g = acc + (size_t)omp_get_thread_num() * 2 * T, *u = g + T; /* (T,) each */
+        dot_rows(W_gu + (size_t)i * K, xf, T, K, g);       /* HF: gate_proj(x) */
+        dot_rows(W_gu + (size_t)(I + i) * K, xf, T, K, u); /* HF: up_proj(x) */
+        for (int t = 0; t < T; t++) /* HF: act_fn(gate_proj(x)) * up_proj(x), bf16 each op */
+            out[(size_t)t * I + i] = f32_to_bf16(bf16r(silu(bf16r(g[t]))) * bf16r(u[t]));
     }
+    free(acc);
     free(xf);
 }
 
