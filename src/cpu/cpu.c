@@ -1,15 +1,14 @@
 /* cpu.c - the reference backend: every op of backend.h in plain C11 + OpenMP, fp32 math with the
  * bf16 rounding points of Hugging Face transformers' bf16 forward (qwen35-model.md §3, trap T2).
  * This file is the executable specification the CUDA backend is checked against; clarity first,
- * then enough speed (AVX2 dot products, threads over output rows / heads) to decode a
- * 0.8B-shaped model on two cores.
+ * then enough speed (AVX2 dot products, threads over output rows / heads through pool.h) to
+ * decode a 0.8B-shaped model on two cores.
  *
  * Mirrors: transformers models/qwen3_5/modeling_qwen3_5.py (Qwen3_5RMSNorm, Qwen3_5Attention,
  * Qwen3_5GatedDeltaNet with torch_causal_conv1d_update / torch_recurrent_gated_delta_rule,
  * Qwen3_5RMSNormGated, Qwen3_5MLP). The delta rule runs in its recurrent form for every T; the
  * chunked form transformers uses for T > 1 is the same function up to fp32 rounding (§4.2). */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,9 +17,10 @@
 #endif
 
 #include "backend.h"
+#include "pool.h"
 
 struct cpu {
-    int n_threads;
+    struct pool *pool;
     float *inv_freq; /* (rotary_dim / 2,) RoPE frequencies, fp32 as torch computes them */
 };
 
@@ -142,38 +142,55 @@ static void cpu_embed(struct backend *be, uint16_t *out, const uint16_t *table, 
     }
 }
 
-static void cpu_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
-                       const uint16_t *W, int T, int N, int K, int accumulate) {
-    float *xf = matmul_input(be, x, norm_w, T, K);
-    float *acc = xmalloc((size_t)cpu_of(be)->n_threads * T * sizeof(float));
-#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
-    for (int n = 0; n < N; n++) {
-        float *y = acc + (size_t)omp_get_thread_num() * T; /* (T,) this row's outputs */
-        dot_rows(W + (size_t)n * K, xf, T, K, y);
+/* Rows [lo, hi) of a matmul (plain or SwiGLU); y holds DOT_MAX_ROWS.. scratch per thread. */
+struct matmul_job {
+    uint16_t *out;
+    const float *xf; /* (T, K) normalised inputs */
+    const uint16_t *W;
+    int T, N, K, accumulate, swiglu;
+    float *scratch; /* (threads, 2 T) */
+};
+
+static void matmul_rows(void *ctx, int lo, int hi, int thread) {
+    const struct matmul_job *j = ctx;
+    int T = j->T, N = j->N, K = j->K;
+    float *y = j->scratch + (size_t)thread * 2 * T, *u = y + T; /* (T,) each */
+    for (int n = lo; n < hi; n++) {
+        dot_rows(j->W + (size_t)n * K, j->xf, T, K, y); /* HF: the bf16 linear output (gate_proj) */
+        if (j->swiglu) {
+            dot_rows(j->W + (size_t)(N + n) * K, j->xf, T, K, u); /* HF: up_proj(x) */
+            for (int t = 0; t < T; t++) /* HF: act_fn(gate_proj(x)) * up_proj(x), bf16 each op */
+                j->out[(size_t)t * N + n] = f32_to_bf16(bf16r(silu(bf16r(y[t]))) * bf16r(u[t]));
+            continue;
+        }
         for (int t = 0; t < T; t++) {
-            float m = bf16r(y[t]); /* HF: the bf16 linear output */
-            uint16_t *o = out + (size_t)t * N + n;
-            *o = f32_to_bf16(accumulate ? bf16_to_f32(*o) + m : m); /* HF: residual = residual + m */
+            float m = bf16r(y[t]);
+            uint16_t *o = j->out + (size_t)t * N + n;
+            *o = f32_to_bf16(j->accumulate ? bf16_to_f32(*o) + m : m); /* HF: residual + m */
         }
     }
-    free(acc);
+}
+
+static void run_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                       const uint16_t *W, int T, int N, int K, int accumulate, int swiglu) {
+    struct pool *pool = cpu_of(be)->pool;
+    float *xf = matmul_input(be, x, norm_w, T, K);
+    struct matmul_job j = {out, xf, W, T, N, K, accumulate, swiglu,
+                           xmalloc((size_t)pool_size(pool) * 2 * T * sizeof(float))};
+    pool_for(pool, N, matmul_rows, &j);
+    free(j.scratch);
     free(xf);
 }
 
+static void cpu_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                       const uint16_t *W, int T, int N, int K, int accumulate) {
+    run_matmul(be, out, x, norm_w, W, T, N, K, accumulate, 0);
+}
+
+/* W_gu = [gate_proj; up_proj]: output i is silu(gate row i) * up row I + i */
 static void cpu_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *x,
                               const uint16_t *norm_w, const uint16_t *W_gu, int T, int I, int K) {
-    float *xf = matmul_input(be, x, norm_w, T, K);
-    float *acc = xmalloc((size_t)cpu_of(be)->n_threads * 2 * T * sizeof(float));
-#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
-    for (int i = 0; i < I; i++) {
-        float *g = acc + (size_t)omp_get_thread_num() * 2 * T, *u = g + T; /* (T,) each */
-        dot_rows(W_gu + (size_t)i * K, xf, T, K, g);       /* HF: gate_proj(x) */
-        dot_rows(W_gu + (size_t)(I + i) * K, xf, T, K, u); /* HF: up_proj(x) */
-        for (int t = 0; t < T; t++) /* HF: act_fn(gate_proj(x)) * up_proj(x), bf16 each op */
-            out[(size_t)t * I + i] = f32_to_bf16(bf16r(silu(bf16r(g[t]))) * bf16r(u[t]));
-    }
-    free(acc);
-    free(xf);
+    run_matmul(be, out, x, norm_w, W_gu, T, I, K, 0, 1);
 }
 
 /* Partial NeoX RoPE on the first rotary_dim values of one bf16-valued head (qwen35-model.md 3.4):
@@ -189,6 +206,52 @@ static void rope_head(float *x, const float *inv_freq, int rotary_dim, int pos) 
         x[j] = bf16r(bf16r(tmp[j] * c) + bf16r(-tmp[j + half] * s));
         x[j + half] = bf16r(bf16r(tmp[j + half] * c) + bf16r(tmp[j] * s));
     }
+}
+
+/* (token, query head) pairs [lo, hi) of the attention: softmax over positions 0 .. pos0 + t. */
+struct attn_job {
+    uint16_t *out;
+    const uint16_t *qkv;
+    const float *q; /* (T, nH, hd) normalised, rotated */
+    const uint16_t *k_cache, *v_cache;
+    int nH, group, hd, max_ctx, pos0;
+    size_t row;
+    float scale;
+};
+
+static void attn_heads(void *ctx, int lo, int hi, int thread) {
+    (void)thread;
+    const struct attn_job *j = ctx;
+    int hd = j->hd;
+    float *acc = xmalloc((size_t)hd * sizeof(float));
+    float *s = xmalloc((size_t)(j->pos0 + (hi - 1) / j->nH + 1) * sizeof(float));
+    for (int th = lo; th < hi; th++) {
+        int t = th / j->nH, h = th % j->nH;
+        int n_ctx = j->pos0 + t + 1, kvh = h / j->group;
+        const float *qh = j->q + ((size_t)t * j->nH + h) * hd;
+        float mx = -INFINITY;
+        for (int p = 0; p < n_ctx; p++) {
+            const uint16_t *kp = j->k_cache + ((size_t)kvh * j->max_ctx + p) * hd;
+            float d = 0.0f;
+            for (int i = 0; i < hd; i++) d += qh[i] * bf16_to_f32(kp[i]);
+            s[p] = d * j->scale;
+            if (s[p] > mx) mx = s[p];
+        }
+        float sum = 0.0f;
+        for (int p = 0; p < n_ctx; p++) sum += (s[p] = expf(s[p] - mx));
+        for (int i = 0; i < hd; i++) acc[i] = 0.0f;
+        for (int p = 0; p < n_ctx; p++) {
+            const uint16_t *vp = j->v_cache + ((size_t)kvh * j->max_ctx + p) * hd;
+            float w = s[p] / sum;
+            for (int i = 0; i < hd; i++) acc[i] += w * bf16_to_f32(vp[i]);
+        }
+        const uint16_t *gate = j->qkv + (size_t)t * j->row + (size_t)h * 2 * hd + hd;
+        uint16_t *o = j->out + ((size_t)t * j->nH + h) * hd;
+        for (int i = 0; i < hd; i++) /* HF: attn_output * torch.sigmoid(gate) */
+            o[i] = f32_to_bf16(bf16r(acc[i]) * bf16r(sigmoid(bf16_to_f32(gate[i]))));
+    }
+    free(s);
+    free(acc);
 }
 
 static void cpu_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
@@ -226,37 +289,66 @@ static void cpu_attention(struct backend *be, uint16_t *out, const uint16_t *qkv
     }
 
     /* 2. causal GQA softmax attention, fp32, then the sigmoid output gate */
-#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(cpu->n_threads)
-    for (int t = 0; t < T; t++) {
-        for (int h = 0; h < nH; h++) {
-            int n_ctx = pos0 + t + 1, kvh = h / group;
-            const float *qh = q + ((size_t)t * nH + h) * hd;
-            float *s = xmalloc((size_t)n_ctx * sizeof(float));
-            float *acc = xcalloc((size_t)hd, sizeof(float));
-            float mx = -INFINITY;
-            for (int j = 0; j < n_ctx; j++) {
-                const uint16_t *kj = k_cache + ((size_t)kvh * max_ctx + j) * hd;
-                float d = 0.0f;
-                for (int i = 0; i < hd; i++) d += qh[i] * bf16_to_f32(kj[i]);
-                s[j] = d * scale;
-                if (s[j] > mx) mx = s[j];
+    struct attn_job j = {out, qkv, q, k_cache, v_cache, nH, group, hd, max_ctx, pos0, row, scale};
+    pool_for(cpu->pool, T * nH, attn_heads, &j);
+    free(q);
+}
+
+/* Value heads [lo, hi) of one token's DeltaNet step: gates, the delta rule on the fp32 state,
+ * the gated RMSNorm. */
+struct gdn_job {
+    const struct config *c;
+    uint16_t *out;               /* (value_dim,) this token's output */
+    const float *y, *qn, *kn;    /* conv + SiLU output; normalised q (scaled), k */
+    const uint16_t *z, *b, *a;   /* this token's z (value_dim), b (Hv), a (Hv) */
+    const float *A_log, *dt_bias, *norm_w;
+    float *state;                /* (Hv, dk, dv) */
+};
+
+static void gdn_heads(void *ctx, int lo, int hi, int thread) {
+    (void)thread;
+    const struct gdn_job *jb = ctx;
+    const struct config *c = jb->c;
+    int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    int r = c->linear_num_value_heads / c->linear_num_key_heads;
+    float delta[1024], o[1024];
+    CHECK(dv <= 1024);
+    for (int v = lo; v < hi; v++) {
+        const float *q = jb->qn + (size_t)(v / r) * dk, *k = jb->kn + (size_t)(v / r) * dk;
+        const float *vv = jb->y + 2 * (size_t)c->key_dim + (size_t)v * dv;
+        float beta = bf16r(sigmoid(bf16_to_f32(jb->b[v]))); /* HF: b.sigmoid() in bf16 */
+        float u = bf16_to_f32(jb->a[v]) + jb->dt_bias[v];
+        float softplus = u > 20.0f ? u : log1pf(expf(u));
+        float g = -expf(jb->A_log[v]) * softplus; /* HF: -A_log.float().exp() * softplus(a + dt_bias) */
+        float decay = expf(g);
+        float *S = jb->state + (size_t)v * dk * dv; /* (dk, dv) */
+        for (int j = 0; j < dv; j++) delta[j] = 0.0f;
+        for (int i = 0; i < dk; i++)
+            for (int j = 0; j < dv; j++) {
+                S[(size_t)i * dv + j] *= decay;           /* S <- exp(g) S */
+                delta[j] += S[(size_t)i * dv + j] * k[i]; /* u = S^T k */
             }
-            float sum = 0.0f;
-            for (int j = 0; j < n_ctx; j++) sum += (s[j] = expf(s[j] - mx));
-            for (int j = 0; j < n_ctx; j++) {
-                const uint16_t *vj = v_cache + ((size_t)kvh * max_ctx + j) * hd;
-                float p = s[j] / sum;
-                for (int i = 0; i < hd; i++) acc[i] += p * bf16_to_f32(vj[i]);
+        for (int j = 0; j < dv; j++) delta[j] = beta * (vv[j] - delta[j]); /* beta (v - u) */
+        for (int j = 0; j < dv; j++) o[j] = 0.0f;
+        for (int i = 0; i < dk; i++)
+            for (int j = 0; j < dv; j++) {
+                float s = S[(size_t)i * dv + j] + k[i] * delta[j]; /* S += k delta^T */
+                S[(size_t)i * dv + j] = s;
+                o[j] += s * q[i];                                  /* o = S^T q */
             }
-            const uint16_t *gate = qkv + (size_t)t * row + (size_t)h * 2 * hd + hd;
-            uint16_t *o = out + ((size_t)t * nH + h) * hd;
-            for (int i = 0; i < hd; i++) /* HF: attn_output * torch.sigmoid(gate) */
-                o[i] = f32_to_bf16(bf16r(acc[i]) * bf16r(sigmoid(bf16_to_f32(gate[i]))));
-            free(s);
-            free(acc);
+        /* HF Qwen3_5RMSNormGated: weight * bf16(norm(o)), times silu(z) in fp32 */
+        float ss = 0.0f;
+        for (int j = 0; j < dv; j++) {
+            o[j] = bf16r(o[j]);
+            ss += o[j] * o[j];
+        }
+        float rr = 1.0f / sqrtf(ss / (float)dv + c->rms_norm_eps);
+        for (int j = 0; j < dv; j++) {
+            float n = bf16r(o[j] * rr);
+            float w = bf16r(jb->norm_w[j] * n);
+            jb->out[(size_t)v * dv + j] = f32_to_bf16(w * silu(bf16_to_f32(jb->z[(size_t)v * dv + j])));
         }
     }
-    free(q);
 }
 
 static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uint16_t *conv_state,
@@ -264,8 +356,8 @@ static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uin
                     const float *norm_w, float *state, int T) {
     const struct config *c = be->config;
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
-    int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim, K = c->linear_conv_kernel_dim;
-    int conv_dim = c->conv_dim, key_dim = c->key_dim, value_dim = c->value_dim, r = Hv / Hk;
+    int dk = c->linear_key_head_dim, K = c->linear_conv_kernel_dim;
+    int conv_dim = c->conv_dim, key_dim = c->key_dim, value_dim = c->value_dim;
     size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
     float *y = xmalloc((size_t)conv_dim * sizeof(float)); /* (conv_dim,) conv + SiLU output */
     float *qn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised, scaled q */
@@ -276,14 +368,15 @@ static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uin
         const uint16_t *z = x + conv_dim, *b = z + value_dim, *a = b + Hv;
 
         /* 1. causal depthwise conv over the raw qkv channels; the state keeps the last K inputs,
-         *    oldest first; tap K-1 multiplies the current token. HF: silu(conv1d(x)), bf16 each. */
-#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
+         *    oldest first; tap K-1 multiplies the current token. HF: silu(conv1d(x)), bf16 each.
+         *    (A few ten thousand multiply-adds: not worth waking the pool.) */
         for (int ch = 0; ch < conv_dim; ch++) {
             uint16_t *st = conv_state + (size_t)ch * K;
             memmove(st, st + 1, (size_t)(K - 1) * sizeof(uint16_t));
             st[K - 1] = x[ch];
             float acc = 0.0f;
-            for (int j = 0; j < K; j++) acc += bf16_to_f32(conv_w[(size_t)ch * K + j]) * bf16_to_f32(st[j]);
+            for (int j = 0; j < K; j++)
+                acc += bf16_to_f32(conv_w[(size_t)ch * K + j]) * bf16_to_f32(st[j]);
             y[ch] = bf16r(silu(bf16r(acc)));
         }
 
@@ -299,46 +392,9 @@ static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uin
         }
 
         /* 3. per value head: gates, delta rule on the fp32 state, gated RMSNorm */
-#pragma omp parallel for schedule(static) num_threads(cpu_of(be)->n_threads)
-        for (int v = 0; v < Hv; v++) {
-            const float *q = qn + (size_t)(v / r) * dk, *k = kn + (size_t)(v / r) * dk;
-            const float *vv = y + 2 * (size_t)key_dim + (size_t)v * dv;
-            float beta = bf16r(sigmoid(bf16_to_f32(b[v]))); /* HF: b.sigmoid() in bf16 */
-            float u = bf16_to_f32(a[v]) + dt_bias[v];
-            float softplus = u > 20.0f ? u : log1pf(expf(u));
-            float g = -expf(A_log[v]) * softplus; /* HF: -A_log.float().exp() * softplus(a + dt_bias) */
-            float decay = expf(g);
-            float *S = state + (size_t)v * dk * dv; /* (dk, dv) */
-            float delta[1024], o[1024];
-            CHECK(dv <= 1024);
-            for (int j = 0; j < dv; j++) delta[j] = 0.0f;
-            for (int i = 0; i < dk; i++)
-                for (int j = 0; j < dv; j++) {
-                    S[(size_t)i * dv + j] *= decay;                /* S <- exp(g) S */
-                    delta[j] += S[(size_t)i * dv + j] * k[i];      /* u = S^T k */
-                }
-            for (int j = 0; j < dv; j++) delta[j] = beta * (vv[j] - delta[j]); /* beta (v - u) */
-            for (int j = 0; j < dv; j++) o[j] = 0.0f;
-            for (int i = 0; i < dk; i++)
-                for (int j = 0; j < dv; j++) {
-                    float s = S[(size_t)i * dv + j] + k[i] * delta[j]; /* S += k delta^T */
-                    S[(size_t)i * dv + j] = s;
-                    o[j] += s * q[i];                                  /* o = S^T q */
-                }
-            /* HF Qwen3_5RMSNormGated: weight * bf16(norm(o)), times silu(z) in fp32 */
-            float ss = 0.0f;
-            for (int j = 0; j < dv; j++) {
-                o[j] = bf16r(o[j]);
-                ss += o[j] * o[j];
-            }
-            float rr = 1.0f / sqrtf(ss / (float)dv + c->rms_norm_eps);
-            for (int j = 0; j < dv; j++) {
-                float n = bf16r(o[j] * rr);
-                float w = bf16r(norm_w[j] * n);
-                out[(size_t)t * value_dim + (size_t)v * dv + j] =
-                    f32_to_bf16(w * silu(bf16_to_f32(z[(size_t)v * dv + j])));
-            }
-        }
+        struct gdn_job jb = {c, out + (size_t)t * value_dim, y, qn, kn, z, b, a,
+                             A_log, dt_bias, norm_w, state};
+        pool_for(cpu_of(be)->pool, Hv, gdn_heads, &jb);
     }
     free(y);
     free(qn);
@@ -357,6 +413,7 @@ static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int 
 }
 
 static void cpu_destroy(struct backend *be) {
+    pool_free(cpu_of(be)->pool);
     free(cpu_of(be)->inv_freq);
     free(be->impl);
     free(be);
@@ -385,7 +442,7 @@ static const struct backend_ops cpu_ops = {
 struct backend *backend_cpu_create(const struct config *c, int max_ctx, int max_T, int n_threads) {
     struct backend *be = xcalloc(1, sizeof *be);
     struct cpu *cpu = xcalloc(1, sizeof *cpu);
-    cpu->n_threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+    cpu->pool = pool_create(n_threads);
     /* HF: inv_freq = 1 / base ** (arange(0, dim, 2) / dim), fp32 */
     int half = c->rotary_dim / 2;
     cpu->inv_freq = xmalloc((size_t)(half > 0 ? half : 1) * sizeof(float));
