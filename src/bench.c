@@ -75,7 +75,7 @@ static double time_steps(struct model *m, int n) {
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     struct model_options opt = {0};
-    int long_ctx = 1, reps = 5;
+    int long_ctx = 1, reps = 5, tg_only = 0;
     opt.ctx = 33280; /* room for the 32k-context measurement */
     opt.backend = BACKEND_AUTO;
     for (int i = 0; i < argc; i++) {
@@ -85,13 +85,14 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && v) opt.n_threads = atoi(v), i++;
         else if (!strcmp(a, "--reps") && v) reps = atoi(v), i++;
         else if (!strcmp(a, "--short")) long_ctx = 0;
+        else if (!strcmp(a, "--tg-only")) tg_only = 1, long_ctx = 0;
         else if (!strcmp(a, "--backend") && v) {
             opt.backend = !strcmp(v, "cpu") ? BACKEND_CPU : !strcmp(v, "cuda") ? BACKEND_CUDA
                                                                                : BACKEND_AUTO;
             i++;
         } else {
             fprintf(stderr, "usage: strata bench [--model DIR] [--backend cpu|cuda] [--ctx N] "
-                            "[--reps N] [--short (no 8k/32k context runs)]\n");
+                            "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)]\n");
             return 2;
         }
     }
@@ -135,6 +136,20 @@ int cmd_bench(int argc, char **argv) {
     }
 
     double v[32];
+    if (tg_only) { /* quick A/B of decode settings: tg128 alone */
+        for (int r = 0; r < reps; r++) {
+            time_prefill(m, 1, 1, &err);
+            v[r] = time_steps(m, 128);
+        }
+        double tg = 128 / median(v, reps) * 1000;
+#ifdef STRATA_CUDA
+        if (is_cuda(m) && backend_cuda_trace_report(be, stdout)) printf("\n");
+#endif
+        printf("tg128 %s: %.1f tok/s (%.3f ms/token, %.0f%% of copy bandwidth)\n", dir, tg,
+               1000 / tg, copy_bw > 0 ? 100 * wbytes * tg / copy_bw : 0.0);
+        model_free(m);
+        return 0;
+    }
     /* pp512 */
     int pp = ctx >= 512 ? 512 : ctx / 2;
     for (int r = 0; r < reps; r++) v[r] = time_prefill(m, pp, 1, &err);

@@ -80,6 +80,74 @@ extern "C" void backend_cuda_profile_report(struct backend *be, FILE *f, int n_s
     fprintf(f, "| total (ops run one by one, no graph) | | %.1f | |\n", 1000.0 * total / n_steps);
 }
 
+/* STRATA_TRACE=1: the GEMV timeline of the last decode step (replay of the recorded graph):
+ * per GEMV, from its blocks' timestamps, when its inputs were ready (wait / grid barrier left),
+ * how long staging x took, when the rows were done (mean and last block), and the gap from its
+ * last block to the next GEMV's inputs being ready (other kernels, boundaries, barriers). */
+extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
+    struct cuda *cu = cuda_of(be);
+    if (!cu->trace || cu->trace_n == 0) return 0;
+    gpu_stream_sync(cu->stream);
+    size_t n = (size_t)cu->trace_n * CUDA_TRACE_STRIDE;
+    unsigned long long *t = (unsigned long long *)xmalloc(n * sizeof *t);
+    gpu_memcpy_d2h(t, cu->trace, n * sizeof *t, cu->stream);
+    gpu_stream_sync(cu->stream);
+    unsigned long long t0 = ~0ull;
+    for (int j = 0; j < cu->trace_n; j++)
+        for (int b = 0; b < cu->trace_blocks[j]; b++) {
+            unsigned long long v = t[(size_t)j * CUDA_TRACE_STRIDE + 4 * b + 1];
+            if (v && v < t0) t0 = v;
+        }
+    double sum_active = 0, sum_gap = 0, sum_stage = 0, sum_tail = 0, sum_bytes = 0;
+    fprintf(f, "| # | GEMV (N x K) | entry (first block) | ready first..last | stage x | rows done mean..last | active | GB/s | gap to next |\n|---|---|---|---|---|---|---|---|---|\n");
+    double prev_last = 0;
+    for (int j = 0; j < cu->trace_n; j++) {
+        const unsigned long long *tj = t + (size_t)j * CUDA_TRACE_STRIDE;
+        int nb = cu->trace_blocks[j];
+        double e0 = 1e30, r0 = 1e30, r1 = 0, st = 0, dm = 0, d1 = 0;
+        for (int b = 0; b < nb; b++) {
+            double e = (double)(tj[4 * b] - t0), r = (double)(tj[4 * b + 1] - t0);
+            double x = (double)(tj[4 * b + 2] - t0), d = (double)(tj[4 * b + 3] - t0);
+            if (e < e0) e0 = e;
+            if (r < r0) r0 = r;
+            if (r > r1) r1 = r;
+            st += x - r;
+            dm += d;
+            if (d > d1) d1 = d;
+        }
+        st /= nb;
+        dm /= nb;
+        double bytes = 2.0 * cu->trace_N[j] * cu->trace_K[j] * ((cu->trace_flags[j] & 4) ? 2 : 1);
+        double active = d1 - r0;
+        sum_active += active;
+        sum_stage += st;
+        sum_tail += d1 - dm;
+        sum_bytes += bytes;
+        if (j > 0) sum_gap += r0 - prev_last;
+        prev_last = d1;
+        double gap = 0;
+        if (j + 1 < cu->trace_n) {
+            const unsigned long long *tn = t + (size_t)(j + 1) * CUDA_TRACE_STRIDE;
+            double rn = 1e30;
+            for (int b = 0; b < cu->trace_blocks[j + 1]; b++)
+                if ((double)(tn[4 * b + 1] - t0) < rn) rn = (double)(tn[4 * b + 1] - t0);
+            gap = rn - d1;
+        }
+        if (j < 12 || (j >= 60 && j < 72) || j + 3 >= cu->trace_n)
+            fprintf(f, "| %d | %d x %d%s%s%s, tpr %d | %.2f | %.2f..%.2f | %.2f | %.2f..%.2f | %.2f | %.0f | %.2f |\n",
+                    j, cu->trace_N[j], cu->trace_K[j], cu->trace_flags[j] & 1 ? " norm" : "",
+                    cu->trace_flags[j] & 2 ? " +res" : "", cu->trace_flags[j] & 4 ? " swiglu" : "",
+                    cu->trace_flags[j] >> 4, e0 / 1e3, r0 / 1e3, r1 / 1e3,
+                    st / 1e3, dm / 1e3, d1 / 1e3, active / 1e3, bytes / active, gap / 1e3);
+    }
+    fprintf(f, "\nGEMVs %d: active %.1f us (%.1f GB, %.0f GB/s while active), of which staging x "
+               "%.1f us and last-block tail %.1f us; gaps between GEMVs %.1f us; step span %.1f us\n",
+            cu->trace_n, sum_active / 1e3, sum_bytes / 1e9, sum_bytes / sum_active, sum_stage / 1e3,
+            sum_tail / 1e3, sum_gap / 1e3, prev_last / 1e3);
+    free(t);
+    return 1;
+}
+
 extern "C" size_t backend_cuda_scratch_bytes(struct backend *be) {
     return cuda_of(be)->scratch_bytes;
 }
@@ -210,6 +278,7 @@ static int op_graph_replay(struct backend *be, int key) {
 }
 static void op_graph_begin(struct backend *be, int key) {
     struct cuda *cu = cuda_of(be);
+    cu->trace_n = 0; /* trace the GEMVs of the graph being recorded */
     if (cu->prof.on || cu->n_graphs >= CUDA_MAX_GRAPHS) return;
     CHECK(key != 0 && !cu->capturing);
     gpu_capture_begin(cu->stream);
@@ -302,6 +371,7 @@ static void op_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
     CHECK(T >= 1 && T <= be->max_T);
+    if (T == 1 && (cu->skip & 2)) return;
     cuda_prof_begin(cu, T == 1 ? "attention (decode)" : "attention (prefill)");
     cuda_attn_prep(cu, c, be->max_ctx, cu->attn_q, qkv, q_norm, k_norm, k_cache, v_cache, pos, T);
     if (T == 1)
@@ -317,6 +387,7 @@ static void op_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uint
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
     CHECK(T >= 1 && T <= be->max_T);
+    if (T == 1 && (cu->skip & 1)) return;
     if (T == 1)
         PROF("gdn step", cuda_gdn_step(cu, c, out, proj, conv_state, conv_w, A_log, dt_bias,
                                        norm_w, state));
@@ -336,7 +407,7 @@ static void op_destroy(struct backend *be) {
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
                     cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_ostep, cu->counters,
-                    cu->argmax_part, cu->blas_ws};
+                    cu->argmax_part, cu->blas_ws, cu->trace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
     for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_destroy(cu->prof.ev[i]);
@@ -400,6 +471,14 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->pdl = pdl ? atoi(pdl) != 0 : 1;
     const char *persist = getenv("STRATA_GEMV_PERSIST");
     cu->gemv_persist = persist ? atoi(persist) != 0 : 1;
+    const char *shape = getenv("STRATA_GEMV_SHAPE");
+    cu->gemv_shape = shape ? atoi(shape) : -1;
+    const char *trace = getenv("STRATA_TRACE");
+    if (trace && atoi(trace))
+        cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,
+                                                    "the trace buffer");
+    const char *skip = getenv("STRATA_SKIP_DECODE"); /* timing only: 1 gdn step, 2 attention */
+    cu->skip = skip ? atoi(skip) : 0;
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);
     size_t ws = (size_t)32 << 20;
     cu->blas_ws = dev_alloc(cu, ws, "the cuBLAS workspace");

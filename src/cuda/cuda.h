@@ -17,6 +17,8 @@ long backend_cuda_graph_nodes(struct backend *be, int key);
 void backend_cuda_profile(struct backend *be, int on);
 /* Prints the per-op time recorded since profiling was switched on, divided by n_steps. */
 void backend_cuda_profile_report(struct backend *be, FILE *f, int n_steps);
+/* STRATA_TRACE=1: prints the GEMV timeline of the last decode step; 0 when not tracing. */
+int backend_cuda_trace_report(struct backend *be, FILE *f);
 /* Device bytes of the backend's own scratch (sized from the config, max_ctx and max_T: RoPE
  * tables, matmul / attention / DeltaNet scratch, cuBLAS workspace). */
 size_t backend_cuda_scratch_bytes(struct backend *be);

@@ -54,6 +54,27 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
     return group_sum(o, 8);
 }
 
+/* The q/k channels' conv state after the step: [s1 s2 s3 x], from the window each block of the
+ * key head's group holds in registers (the last block to finish writes it: every block has
+ * read the old state by then). */
+template <int QIT>
+static __device__ __forceinline__ void conv_shift_qk(uint16_t *conv_state,
+                                                     const uint16_t (&win)[2][QIT][4], int tid,
+                                                     int dk, int key_dim, int kh) {
+#pragma unroll
+    for (int it = 0; it < QIT; it++) {
+        int i = tid + it * GDN_THREADS;
+        if (i >= dk) continue;
+#pragma unroll
+        for (int part = 0; part < 2; part++) {
+            uint2 v;
+            v.x = (uint32_t)win[part][it][0] | (uint32_t)win[part][it][1] << 16;
+            v.y = (uint32_t)win[part][it][2] | (uint32_t)win[part][it][3] << 16;
+            *(uint2 *)(conv_state + (size_t)(part * key_dim + kh * dk + i) * 4) = v;
+        }
+    }
+}
+
 /* ---- decode --------------------------------------------------------------------------------
  * Bytes: 8 Hv dk dv (state read + written) + ~2 (conv_dim + value_dim) * 5 (conv window, x, z);
  * FLOPs: ~6 Hv dk dv. */
@@ -85,6 +106,7 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
 
     constexpr int QIT = (NR * 8 + GDN_THREADS - 1) / GDN_THREADS;
     float qy[QIT], ky[QIT], w3[2][QIT];
+    uint16_t win[2][QIT][4]; /* the q/k conv window: s1 s2 s3 (x once it is there) */
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
         int i = tid + it * GDN_THREADS;
@@ -95,10 +117,13 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
             int ch = part * key_dim + kh * dk + i;
             const uint16_t *st = conv_state + (size_t)ch * 4;
             const uint16_t *w = conv_w + (size_t)ch * 4;
+            win[part][it][0] = st[1];
+            win[part][it][1] = st[2];
+            win[part][it][2] = st[3];
             float acc = 0.0f;
-            acc += bf2f(w[0]) * bf2f(st[1]);
-            acc += bf2f(w[1]) * bf2f(st[2]);
-            acc += bf2f(w[2]) * bf2f(st[3]);
+            acc += bf2f(w[0]) * bf2f(win[part][it][0]);
+            acc += bf2f(w[1]) * bf2f(win[part][it][1]);
+            acc += bf2f(w[2]) * bf2f(win[part][it][2]);
             w3[part][it] = bf2f(w[3]);
             if (part == 0) qy[it] = acc; else ky[it] = acc;
         }
@@ -118,7 +143,16 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
         vw3 = bf2f(w[3]);
     }
     const float gA = tid == 0 ? -expf(A_log[v]) : 0.0f, gdt = tid == 0 ? dt_bias[v] : 0.0f;
+    const bool fast_norm = dv == GDN_THREADS && r <= 4;
+    const float nw = fast_norm ? norm_w[tid] : 0.0f;
     grid_dependency_wait();
+    /* z of the group's value heads, for the block that will apply the gated norm: loaded now,
+     * off the path the last block takes */
+    float zz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (fast_norm)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (i < r) zz[i] = bf2f(proj[conv_dim + (size_t)(kh * r + i) * dv + tid]);
 
     /* 1. conv + SiLU of the key head's q and k channels, L2 norms (window [s1 s2 s3 x]) */
     float ssq = 0.0f, ssk = 0.0f;
@@ -130,7 +164,8 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
         for (int part = 0; part < 2; part++) {
             int ch = part * key_dim + kh * dk + i;
             float acc = part == 0 ? qy[it] : ky[it];
-            acc += w3[part][it] * bf2f(proj[ch]);
+            win[part][it][3] = proj[ch];
+            acc += w3[part][it] * bf2f(win[part][it][3]);
             float y = bfr(silu_f(bfr(acc)));
             if (part == 0) {
                 qy[it] = y;
@@ -188,27 +223,16 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
     __syncthreads();
     if (!last) return;
     fence_device();
-    for (int i = tid; i < dk; i += GDN_THREADS)
-#pragma unroll
-        for (int part = 0; part < 2; part++) {
-            int ch = part * key_dim + kh * dk + i;
-            uint16_t *st = conv_state + (size_t)ch * 4;
-            uint16_t s1 = st[1], s2 = st[2], s3 = st[3];
-            st[0] = s1;
-            st[1] = s2;
-            st[2] = s3;
-            st[3] = proj[ch];
-        }
-    if (dv == GDN_THREADS && r <= 4) {
+    if (fast_norm) {
         /* thread j owns column j of every head of the group: all loads issued before the sums */
-        float ob[4], zz[4];
-        const float w = norm_w[tid];
+        float ob[4];
+        const float w = nw;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (i >= r) break;
             ob[i] = bfr(load_coherent(ostep + (size_t)(kh * r + i) * dv + tid));
-            zz[i] = bf2f(proj[conv_dim + (size_t)(kh * r + i) * dv + tid]);
         }
+        conv_shift_qk(conv_state, win, tid, dk, key_dim, kh);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (i >= r) break;
@@ -221,6 +245,7 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
         if (tid == 0) counters[kh] = 0;
         return;
     }
+    conv_shift_qk(conv_state, win, tid, dk, key_dim, kh);
     for (int vv = kh * r; vv < kh * r + r; vv++) {
         float ss = 0.0f;
         for (int j = tid; j < dv; j += GDN_THREADS) {

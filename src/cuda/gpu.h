@@ -262,6 +262,12 @@ static __device__ __forceinline__ void grid_dependency_wait(void) {
 static __device__ __forceinline__ void grid_launch_dependents(void) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
+/* Nanoseconds of the device-wide timer (tracing only). */
+static __device__ __forceinline__ unsigned long long gpu_time_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 /* Hint: bring the 128-byte line holding p into L2. */
 static __device__ __forceinline__ void prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

@@ -24,6 +24,18 @@ struct cuda_graph_slot {
     gpu_graph_exec exec;
 };
 
+/* One decode GEMV: cuda_gemv's arguments and the chosen threads per row pair, as a kernel
+ * argument. */
+#define CUDA_TRACE_JOBS 256
+#define CUDA_TRACE_STRIDE (4 * 132 * 4) /* timestamps per job: 4 per block, <= 4 blocks per SM */
+struct cuda_gemv_job {
+    uint16_t *out;
+    const uint16_t *x, *norm_w, *W;
+    int N, K, accumulate, swiglu, tpr;
+    unsigned long long *trace; /* NULL, or (blocks, 4) timestamps: entry, inputs ready, x staged,
+                                  rows done (STRATA_TRACE=1) */
+};
+
 /* Kernel timing for the benchmark: when `profile` is set, each op records an event pair. */
 #define CUDA_PROF_MAX 2048
 struct cuda_prof {
@@ -47,6 +59,13 @@ struct cuda {
     int gemv_persist;         /* GEMV grid capped at the resident blocks (STRATA_GEMV_PERSIST=0: one
                                  row group per block) */
     struct cuda_prof prof;
+    int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
+    unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
+    int trace_n;               /* GEMV jobs traced since the last reset */
+    int trace_blocks[CUDA_TRACE_JOBS], trace_N[CUDA_TRACE_JOBS], trace_K[CUDA_TRACE_JOBS];
+    int trace_flags[CUDA_TRACE_JOBS]; /* 1 norm, 2 accumulate, 4 swiglu, threads per row << 4 */
+    int skip;                 /* STRATA_SKIP_DECODE (timing experiments only, wrong results):
+                                 bit 0 drops the DeltaNet step kernels, bit 1 the attention */
 
     /* constants */
     uint16_t *rope_cos, *rope_sin; /* (max_ctx, rotary_dim / 2) bf16, as torch rounds them */

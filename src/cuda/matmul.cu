@@ -17,93 +17,137 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
     has1 = SWIGLU || r1 < N;
     if (!has1) r1 = r0;
 }
-/* 16-byte words k, k + TPR, k + 2 TPR, k + 3 TPR of both rows (zero past K8) */
-template <int TPR>
-static __device__ __forceinline__ void gemv_load4(const uint4 *w0, const uint4 *w1, int k, int K8,
-                                                  uint4 (&A)[4], uint4 (&B)[4]) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const bool ok = k + j * TPR < K8;
-        A[j] = ok ? load_stream(w0 + k + j * TPR) : zero;
-        B[j] = ok ? load_stream(w1 + k + j * TPR) : zero;
-    }
-}
-
 /* A group of TPR threads computes a row pair: 2 output rows (plain) or one SwiGLU output (a gate
  * row and its up row). A block holds 256 / TPR groups and walks row pairs with a grid stride
  * (persistent: the grid is sized to the resident blocks, so the prologue is paid once per
  * block). The block puts x (normalised when norm_w is set) into shared memory as bf16, exactly
  * the values cpu.c's rmsnorm_row produces.
- * Streaming: a group's work is a sequence of items (row pair, 4-step chunk of K: each thread
- * loads 16 bytes of both rows per step), software-pipelined across chunks and row pairs: the
- * loads of item t + 1 are issued before item t is computed and reduced, so each thread always
- * has a chunk in flight (a GEMV used to wait one memory round trip per chunk).
- * Programmatic dependent launch: weights do not depend on the previous kernel, so item 0 is
- * loaded and the rest of its rows requested into L2 before grid_dependency_wait(); the block
- * lets the next kernel start its blocks at once (they fill the SM slots of this one's tail).
+ * Streaming: a group's work is a sequence of items (row pair, chunk of K: each thread loads U
+ * 16-byte words of both rows), software-pipelined D items deep: the loads of item t + D are
+ * issued before item t is computed and reduced (a ring of D + 1 register sets), so each thread
+ * keeps D items in flight. Time goes by items per block (each costs about one memory round
+ * trip / D unless the bytes in flight already fill the SM's share of DRAM bandwidth), which the
+ * launcher minimises over (TPR, U, D): few long rows want the whole block on one row pair and
+ * U sized so that a row is one item.
+ * The residual rows of an accumulating GEMV are read when the loads of their last chunk are
+ * issued, not in the epilogue, so that read is off the critical path.
+ * Programmatic dependent launch: weights do not depend on the previous kernel, so items
+ * 0 .. D-1 are loaded and the rest of their rows requested into L2 before
+ * grid_dependency_wait(); the block lets the next kernel start its blocks at once.
  * Bytes: 2 N K weights (4 I K for SwiGLU) + 2 K x per block + 2 N out (x2 with accumulate);
  * FLOPs: 2 N K (+ ~4 K per block for the norm). */
-template <int TPR, bool SWIGLU>
-static __global__ void __launch_bounds__(GEMV_THREADS, 2)
-gemv_kernel(uint16_t *out, const uint16_t *x, const uint16_t *norm_w, const uint16_t *W, int N,
-            int K, float eps, int accumulate) {
-    extern __shared__ uint4 xs[]; /* (K / 8,) */
-    __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
-    __shared__ float rscale;
+template <int TPR, int U, int D, bool SWIGLU>
+static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job, float eps,
+                                                uint4 *xs, float (*red)[2]) {
+    uint16_t *out = job.out;
+    const uint16_t *norm_w = job.norm_w, *W = job.W;
+    const int N = job.N, K = job.K, accumulate = job.accumulate;
     const int K8 = K / 8;
-    const uint4 *x4 = (const uint4 *)x;
+    const uint4 *x4 = (const uint4 *)job.x;
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int GROUPS = GEMV_THREADS / TPR, STEP = 4 * TPR;
+    const int GROUPS = GEMV_THREADS / TPR, STEP = U * TPR;
     const int g = threadIdx.x / TPR, l = threadIdx.x % TPR;
     const int n_pairs = SWIGLU ? N : (N + 1) / 2;
     const int nc = (K8 + STEP - 1) / STEP;            /* chunks per row pair */
     const int pstride = gridDim.x * GROUPS, pb = blockIdx.x * GROUPS;
     const int n_units = pb < n_pairs ? (n_pairs - pb + pstride - 1) / pstride : 0;
     const int n_items = n_units * nc;                 /* the same for every thread of the block */
+    unsigned long long *tr = job.trace && threadIdx.x == 0 ? job.trace + 4 * blockIdx.x : NULL;
+    if (tr) tr[0] = gpu_time_ns();
 
-    grid_launch_dependents();
-    uint4 A[4], B[4];
-    int p = pb + g, c = 0; /* the current item */
-    {
+    uint4 A[D + 1][U], B[D + 1][U]; /* ring of in-flight items */
+    float R0[D + 1], R1[D + 1];     /* residual rows of an item that ends its row pair */
+    /* cursors: an item is (row pair p, chunk c); items advance c, then p by the grid stride */
+    auto advance = [&](int &p, int &c) {
+        if (++c == nc) {
+            c = 0;
+            p += pstride;
+        }
+    };
+    auto issue = [&](bool valid, int p, int c, uint4 (&a)[U], uint4 (&b)[U], float &res0,
+                     float &res1, bool ready) {
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        if (valid && p < n_pairs) {
+            int r0, r1;
+            bool has1;
+            gemv_rows<SWIGLU>(p, N, r0, r1, has1);
+            const uint4 *w0 = (const uint4 *)(W + (size_t)r0 * K), *w1 = (const uint4 *)(W + (size_t)r1 * K);
+            const int k = l + c * STEP;
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                const bool ok = k + j * TPR < K8;
+                a[j] = ok ? load_stream(w0 + k + j * TPR) : zero;
+                b[j] = ok ? load_stream(w1 + k + j * TPR) : zero;
+            }
+            if (ready && !SWIGLU && accumulate && l == 0 && c == nc - 1) {
+                res0 = bf2f(out[r0]);
+                res1 = has1 ? bf2f(out[r1]) : 0.0f;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < U; j++) a[j] = b[j] = zero;
+        }
+    };
+
+    int ip = pb + g, ic = 0; /* next item to issue */
+#pragma unroll
+    for (int s = 0; s < D; s++) {
+        issue(s < n_items, ip, ic, A[s], B[s], R0[s], R1[s], false);
+        advance(ip, ic);
+    }
+    if (n_items > 0 && pb + g < n_pairs) { /* the rest of the first rows, towards L2 */
         int r0, r1;
         bool has1;
-        gemv_rows<SWIGLU>(p < n_pairs ? p : 0, N, r0, r1, has1);
-        const uint4 *w0 = (const uint4 *)(W + (size_t)r0 * K), *w1 = (const uint4 *)(W + (size_t)r1 * K);
-        if (n_items > 0 && p < n_pairs) {
-            gemv_load4<TPR>(w0, w1, l, K8, A, B);
-            const char *c0 = (const char *)w0, *c1 = (const char *)w1;
-            for (int off = 64 * TPR + l * 128; off < K * 2; off += TPR * 128) {
-                prefetch_l2(c0 + off);
-                prefetch_l2(c1 + off);
-            }
+        gemv_rows<SWIGLU>(pb + g, N, r0, r1, has1);
+        const char *c0 = (const char *)(W + (size_t)r0 * K), *c1 = (const char *)(W + (size_t)r1 * K);
+        for (int off = 16 * D * STEP + l * 128; off < K * 2; off += TPR * 128) {
+            prefetch_l2(c0 + off);
+            prefetch_l2(c1 + off);
         }
     }
     grid_dependency_wait();
+    if (tr) tr[1] = gpu_time_ns();
+    if (!SWIGLU && accumulate && l == 0) { /* residuals of the items issued before the wait */
+        int p = pb + g, c = 0;
+#pragma unroll
+        for (int s = 0; s < D; s++) {
+            if (s < n_items && p < n_pairs && c == nc - 1) {
+                int r0, r1;
+                bool has1;
+                gemv_rows<SWIGLU>(p, N, r0, r1, has1);
+                R0[s] = bf2f(out[r0]);
+                R1[s] = has1 ? bf2f(out[r1]) : 0.0f;
+            }
+            advance(p, c);
+        }
+    }
 
     if (norm_w) {
+        /* one pass over x and the norm weights (both into shared memory), one barrier for the
+         * sum of squares, then normalise in place */
+        uint4 *ws = xs + K8;
+        const uint4 *w4 = (const uint4 *)norm_w;
         float ss = 0.0f;
         for (int i = threadIdx.x; i < K8; i += GEMV_THREADS) {
+            const uint4 X = x4[i];
+            ws[i] = w4[i];
+            xs[i] = X;
             float f[8];
-            unpack8(x4[i], f);
+            unpack8(X, f);
 #pragma unroll
             for (int j = 0; j < 8; j++) ss += f[j] * f[j];
         }
         ss = warp_sum(ss);
         if (lane == 0) red[wid][0] = ss;
         __syncthreads();
-        if (threadIdx.x == 0) {
-            float s = 0.0f;
-            for (int w = 0; w < GEMV_THREADS / WARP_SIZE; w++) s += red[w][0];
-            rscale = 1.0f / sqrtf(s / (float)K + eps);
-        }
-        __syncthreads();
-        const float r = rscale;
-        const uint4 *w4 = (const uint4 *)norm_w;
+        float tot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < GEMV_THREADS / WARP_SIZE; w++) tot += red[w][0];
+        const float r = 1.0f / sqrtf(tot / (float)K + eps);
         for (int i = threadIdx.x; i < K8; i += GEMV_THREADS) {
             float f[8], gg[8];
-            unpack8(x4[i], f);
-            unpack8(w4[i], gg);
+            unpack8(xs[i], f);
+            unpack8(ws[i], gg);
             uint4 o;
             o.x = pack_bf(f[0] * r * (1.0f + gg[0]), f[1] * r * (1.0f + gg[1]));
             o.y = pack_bf(f[2] * r * (1.0f + gg[2]), f[3] * r * (1.0f + gg[3]));
@@ -115,82 +159,80 @@ gemv_kernel(uint16_t *out, const uint16_t *x, const uint16_t *norm_w, const uint
         for (int i = threadIdx.x; i < K8; i += GEMV_THREADS) xs[i] = x4[i];
     }
     __syncthreads();
+    if (tr) tr[2] = gpu_time_ns();
 
     float a0 = 0.0f, a1 = 0.0f;
-    for (int t = 0; t < n_items; t++) {
-        /* issue the next item's loads */
-        int pn = p, cn = c + 1;
-        if (cn == nc) {
-            cn = 0;
-            pn = p + pstride;
-        }
-        uint4 An[4], Bn[4];
-        if (t + 1 < n_items && pn < n_pairs) {
-            int r0, r1;
-            bool has1;
-            gemv_rows<SWIGLU>(pn, N, r0, r1, has1);
-            gemv_load4<TPR>((const uint4 *)(W + (size_t)r0 * K), (const uint4 *)(W + (size_t)r1 * K),
-                            l + cn * STEP, K8, An, Bn);
-        } else {
+    int p = pb + g, c = 0; /* the item being computed */
+    for (int t0 = 0; t0 < n_items; t0 += D + 1) {
 #pragma unroll
-            for (int j = 0; j < 4; j++) An[j] = Bn[j] = make_uint4(0, 0, 0, 0);
-        }
-        /* compute the current one */
-        const bool active = p < n_pairs;
-        if (active) {
-            const int k = l + c * STEP;
+        for (int s = 0; s <= D; s++) {
+            const int t = t0 + s;
+            if (t >= n_items) break;
+            /* issue item t + D into the slot item t - 1 used */
+            const int sn = (s + D) % (D + 1);
+            issue(t + D < n_items, ip, ic, A[sn], B[sn], R0[sn], R1[sn], true);
+            advance(ip, ic);
+            /* compute item t */
+            const bool active = p < n_pairs;
+            if (active) {
+                const int k = l + c * STEP;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (k + j * TPR < K8) {
-                    const uint4 X = xs[k + j * TPR];
-                    a0 += dot8(A[j], X);
-                    a1 += dot8(B[j], X);
-                }
-        }
-        if (c == nc - 1) { /* the row pair is done: reduce over the group and write */
-            a0 = warp_sum(a0);
-            a1 = warp_sum(a1);
-            if (TPR > WARP_SIZE) {
-                __syncthreads();
-                if (lane == 0) {
-                    red[wid][0] = a0;
-                    red[wid][1] = a1;
-                }
-                __syncthreads();
-                if (l == 0) {
-                    const int w0 = g * (TPR / WARP_SIZE);
-                    a0 = a1 = 0.0f;
-                    for (int w = 0; w < TPR / WARP_SIZE; w++) {
-                        a0 += red[w0 + w][0];
-                        a1 += red[w0 + w][1];
+                for (int j = 0; j < U; j++)
+                    if (k + j * TPR < K8) {
+                        const uint4 X = xs[k + j * TPR];
+                        a0 += dot8(A[s][j], X);
+                        a1 += dot8(B[s][j], X);
+                    }
+            }
+            if (c == nc - 1) { /* the row pair is done: reduce over the group and write */
+                a0 = warp_sum(a0);
+                a1 = warp_sum(a1);
+                if (TPR > WARP_SIZE) {
+                    __syncthreads();
+                    if (lane == 0) {
+                        red[wid][0] = a0;
+                        red[wid][1] = a1;
+                    }
+                    __syncthreads();
+                    if (l == 0) {
+                        const int w0 = g * (TPR / WARP_SIZE);
+                        a0 = a1 = 0.0f;
+                        for (int w = 0; w < TPR / WARP_SIZE; w++) {
+                            a0 += red[w0 + w][0];
+                            a1 += red[w0 + w][1];
+                        }
                     }
                 }
-            }
-            if (l == 0 && active) {
-                int r0, r1;
-                bool has1;
-                gemv_rows<SWIGLU>(p, N, r0, r1, has1);
-                if (SWIGLU) {
-                    float gt = bfr(a0), up = bfr(a1);
-                    out[p] = f2bf(bfr(silu_f(gt)) * up); /* HF: act_fn(gate_proj(x)) * up_proj(x) */
-                } else if (accumulate) {
-                    out[r0] = f2bf(bf2f(out[r0]) + bfr(a0)); /* HF: residual + linear(x) */
-                    if (has1) out[r1] = f2bf(bf2f(out[r1]) + bfr(a1));
-                } else {
-                    out[r0] = f2bf(a0);
-                    if (has1) out[r1] = f2bf(a1);
+                if (l == 0 && active) {
+                    int r0, r1;
+                    bool has1;
+                    gemv_rows<SWIGLU>(p, N, r0, r1, has1);
+                    if (SWIGLU) {
+                        float gt = bfr(a0), up = bfr(a1);
+                        out[p] = f2bf(bfr(silu_f(gt)) * up); /* HF: act_fn(gate_proj(x)) * up_proj(x) */
+                    } else if (accumulate) {
+                        out[r0] = f2bf(R0[s] + bfr(a0)); /* HF: residual + linear(x) */
+                        if (has1) out[r1] = f2bf(R1[s] + bfr(a1));
+                    } else {
+                        out[r0] = f2bf(a0);
+                        if (has1) out[r1] = f2bf(a1);
+                    }
                 }
+                a0 = a1 = 0.0f;
             }
-            a0 = a1 = 0.0f;
+            advance(p, c);
         }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            A[j] = An[j];
-            B[j] = Bn[j];
-        }
-        p = pn;
-        c = cn;
     }
+    if (tr) tr[3] = gpu_time_ns();
+}
+
+template <int TPR, int U, int D, bool SWIGLU>
+static __global__ void __launch_bounds__(GEMV_THREADS, 2)
+gemv_kernel(struct cuda_gemv_job job, float eps) {
+    extern __shared__ uint4 xs[]; /* (K / 8,) x, then (K / 8,) norm weights when normalising */
+    __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
+    grid_launch_dependents();
+    gemv_run<TPR, U, D, SWIGLU>(job, eps, xs, red);
 }
 
 /* out = bf16(out + y), element-wise. Bytes: 6 n. */
@@ -208,71 +250,83 @@ static __global__ void swiglu_kernel(uint16_t *out, const uint16_t *gu, int T, i
     out[idx] = f2bf(bfr(silu_f(g)) * u);
 }
 
-template <int TPR, bool SWIGLU>
-static void launch_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
-                        const uint16_t *W, int N, int K, float eps, int accumulate) {
-    void (*kern)(uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, int, int, float,
-                 int) = gemv_kernel<TPR, SWIGLU>;
-    int groups = GEMV_THREADS / TPR;
-    int pairs = SWIGLU ? N : (N + 1) / 2;
-    size_t smem = (size_t)K / 8 * 16;
-    if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
-    int per_sm = gpu_occupancy(kern, GEMV_THREADS, smem);
-    int blocks = (pairs + groups - 1) / groups;
-    int cap = cu->info.n_sm * (per_sm > 0 ? per_sm : 1);
-    if (cu->gemv_persist && blocks > cap) blocks = cap;
-    gpu_launch(cu->pdl, kern, dim3(blocks), dim3(GEMV_THREADS), smem, cu->stream, out, x, norm_w, W,
-               N, K, eps, accumulate);
-    cu->n_launches++;
-}
+typedef void (*gemv_fn)(struct cuda_gemv_job, float);
 
-/* Resident blocks of the GEMV per SM at this K (every TPR / SWIGLU instance has about the same
- * register budget; launch_gemv asks again for the instance it launches). */
-static int gemv_per_sm(int K) {
-    size_t smem = (size_t)K / 8 * 16;
-    void (*kern)(uint16_t *, const uint16_t *, const uint16_t *, const uint16_t *, int, int, float,
-                 int) = gemv_kernel<32, false>;
+/* The instantiated (TPR, U, D) shapes (U (D + 1) <= 10 keeps every one within 128 registers);
+ * U = 5 fits K = 2560 rows (320 words) in one item of 64 threads or two of 32. */
+struct gemv_shape {
+    int tpr, u, d;
+    gemv_fn plain, swiglu;
+};
+#define GEMV_SHAPE(T, U, D) {T, U, D, gemv_kernel<T, U, D, false>, gemv_kernel<T, U, D, true>}
+static const struct gemv_shape gemv_shapes[] = {
+    GEMV_SHAPE(32, 4, 1),  GEMV_SHAPE(64, 4, 1),  GEMV_SHAPE(128, 4, 1), GEMV_SHAPE(256, 4, 1),
+    GEMV_SHAPE(128, 2, 2), GEMV_SHAPE(256, 2, 2), GEMV_SHAPE(256, 1, 3), GEMV_SHAPE(128, 1, 3),
+    GEMV_SHAPE(64, 5, 1),  GEMV_SHAPE(32, 5, 1),
+};
+#define N_GEMV_SHAPES (int)(sizeof gemv_shapes / sizeof gemv_shapes[0])
+
+/* Resident blocks per SM of a GEMV kernel with this much dynamic shared memory. */
+static int resident(gemv_fn kern, size_t smem) {
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     int n = gpu_occupancy(kern, GEMV_THREADS, smem);
     return n > 0 ? n : 1;
 }
 
+/* Estimated time of a GEMV shape on a persistent grid of `cap` blocks, in units of one memory
+ * round trip: the slowest block's items, each costing a round trip / D or the time its bytes
+ * take at the block's share of bandwidth, whichever is longer (a round trip moves ~40 KiB per SM
+ * at full bandwidth: 20 KiB per block at 2 blocks per SM). STRATA_GEMV_SHAPE=i forces shape i. */
+static double gemv_cost(const struct gemv_shape *sh, long pairs, long K8, long cap) {
+    long groups = GEMV_THREADS / sh->tpr, units = (pairs + groups - 1) / groups;
+    long rounds = (units + cap - 1) / cap, step = (long)sh->u * sh->tpr;
+    long nc = (K8 + step - 1) / step;
+    if (sh->tpr > 32 && K8 < 2L * sh->tpr) return 1e30; /* most of the group idle */
+    double item_bytes = 32.0 * groups * (double)K8 / (double)nc; /* both rows, mean chunk */
+    double per_item = 1.0 / sh->d;
+    double by_bw = item_bytes / (20.0 * 1024);
+    return (double)rounds * (double)nc * (per_item > by_bw ? per_item : by_bw);
+}
+
+static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
+    if (cu->gemv_shape >= 0 && cu->gemv_shape < N_GEMV_SHAPES) return cu->gemv_shape;
+    int best = 3;
+    double best_c = 1e31;
+    for (int i = 0; i < N_GEMV_SHAPES; i++) {
+        double c = gemv_cost(&gemv_shapes[i], pairs, K8, cap);
+        if (c < best_c - 1e-9) best_c = c, best = i;
+    }
+    return best;
+}
+
+/* Tracing: the job's timestamp slots (NULL when tracing is off or the buffer is full). */
+static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_job *j, int blocks) {
+    if (!cu->trace || !cu->capturing || cu->trace_n >= CUDA_TRACE_JOBS || blocks * 4 > CUDA_TRACE_STRIDE) return NULL;
+    int n = cu->trace_n++;
+    cu->trace_blocks[n] = blocks;
+    cu->trace_N[n] = j->N;
+    cu->trace_K[n] = j->K;
+    cu->trace_flags[n] = (j->norm_w ? 1 : 0) | (j->accumulate ? 2 : 0) | (j->swiglu ? 4 : 0) | (j->tpr << 4);
+    return cu->trace + (size_t)n * CUDA_TRACE_STRIDE;
+}
+
 extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
                           const uint16_t *norm_w, const uint16_t *W, int N, int K, float eps,
                           int accumulate, int swiglu) {
-    CHECK(K % 8 == 0 && (size_t)K * 2 <= (size_t)cu->info.smem_optin);
-    /* threads per row pair: the one that minimises the largest share of a block (rounds of the
-     * grid stride x row pairs per block) on the persistent grid, among those that still give
-     * each thread at least 2 steps per row (K8 >= 2 TPR); ties go to the narrower group (fewer
-     * reductions, more loads in flight per thread) */
-    const long pairs = swiglu ? N : (N + 1) / 2, K8 = K / 8;
-    const long cap = (long)cu->info.n_sm * gemv_per_sm(K);
-    int tpr = 32;
-    long best = -1;
-    for (int t = 32; t <= 256; t *= 2) {
-        if (t > 32 && K8 < 2L * t) break;
-        long groups = GEMV_THREADS / t, units = (pairs + groups - 1) / groups;
-        long rounds = (units + cap - 1) / cap, share = rounds * groups;
-        if (best < 0 || share < best) {
-            best = share;
-            tpr = t;
-        }
-    }
-    if (swiglu) {
-        switch (tpr) {
-        case 32: launch_gemv<32, true>(cu, out, x, norm_w, W, N, K, eps, 0); break;
-        case 64: launch_gemv<64, true>(cu, out, x, norm_w, W, N, K, eps, 0); break;
-        case 128: launch_gemv<128, true>(cu, out, x, norm_w, W, N, K, eps, 0); break;
-        default: launch_gemv<256, true>(cu, out, x, norm_w, W, N, K, eps, 0); break;
-        }
-    } else {
-        switch (tpr) {
-        case 32: launch_gemv<32, false>(cu, out, x, norm_w, W, N, K, eps, accumulate); break;
-        case 64: launch_gemv<64, false>(cu, out, x, norm_w, W, N, K, eps, accumulate); break;
-        case 128: launch_gemv<128, false>(cu, out, x, norm_w, W, N, K, eps, accumulate); break;
-        default: launch_gemv<256, false>(cu, out, x, norm_w, W, N, K, eps, accumulate); break;
-        }
-    }
+    CHECK(K % 8 == 0 && (size_t)K * 4 <= (size_t)cu->info.smem_optin);
+    struct cuda_gemv_job job = {out, x, norm_w, W, N, K, accumulate, swiglu, 0, NULL};
+    size_t smem = (size_t)K * 2 * (norm_w ? 2 : 1); /* x (and the norm weights) */
+    const long pairs = swiglu ? N : (N + 1) / 2;
+    const long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
+    const struct gemv_shape *sh = &gemv_shapes[gemv_pick(cu, pairs, K / 8, cap)];
+    gemv_fn kern = swiglu ? sh->swiglu : sh->plain;
+    long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
+    if (cu->gemv_persist && blocks > cap) blocks = cap;
+    job.tpr = sh->tpr;
+    job.trace = trace_slot(cu, &job, (int)blocks);
+    if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
+    gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
+    cu->n_launches++;
 }
 
 extern "C" void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n) {
