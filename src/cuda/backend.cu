@@ -471,6 +471,8 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->pdl = pdl ? atoi(pdl) != 0 : 1;
     const char *persist = getenv("STRATA_GEMV_PERSIST");
     cu->gemv_persist = persist ? atoi(persist) != 0 : 1;
+    const char *gpf = getenv("STRATA_GEMV_PF");
+    cu->gemv_pf_items = gpf ? atoi(gpf) : 1;
     const char *shape = getenv("STRATA_GEMV_SHAPE");
     cu->gemv_shape = shape ? atoi(shape) : -1;
     const char *trace = getenv("STRATA_TRACE");

@@ -32,6 +32,7 @@ struct cuda_gemv_job {
     uint16_t *out;
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
+    int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
     unsigned long long *trace; /* NULL, or (blocks, 4) timestamps: entry, inputs ready, x staged,
                                   rows done (STRATA_TRACE=1) */
 };
@@ -59,6 +60,7 @@ struct cuda {
     int gemv_persist;         /* GEMV grid capped at the resident blocks (STRATA_GEMV_PERSIST=0: one
                                  row group per block) */
     struct cuda_prof prof;
+    int gemv_pf_items;        /* STRATA_GEMV_PF: see cuda_gemv_job.pf_items (default 1) */
     int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */

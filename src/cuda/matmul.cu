@@ -32,8 +32,9 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
  * The residual rows of an accumulating GEMV are read when the loads of their last chunk are
  * issued, not in the epilogue, so that read is off the critical path.
  * Programmatic dependent launch: weights do not depend on the previous kernel, so items
- * 0 .. D-1 are loaded and the rest of their rows requested into L2 before
- * grid_dependency_wait(); the block lets the next kernel start its blocks at once.
+ * 0 .. D-1 are loaded and the next pf_items items of those rows requested into L2 before
+ * grid_dependency_wait() (whole rows flood L2 and delay the reads of x behind them when a
+ * block has one long row pair); the block lets the next kernel start its blocks at once.
  * Bytes: 2 N K weights (4 I K for SwiGLU) + 2 K x per block + 2 N out (x2 with accumulate);
  * FLOPs: 2 N K (+ ~4 K per block for the norm). */
 template <int TPR, int U, int D, bool SWIGLU>
@@ -95,12 +96,13 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
         issue(s < n_items, ip, ic, A[s], B[s], R0[s], R1[s], false);
         advance(ip, ic);
     }
-    if (n_items > 0 && pb + g < n_pairs) { /* the rest of the first rows, towards L2 */
+    if (n_items > 0 && pb + g < n_pairs) { /* the next items of the first rows, towards L2 */
         int r0, r1;
         bool has1;
         gemv_rows<SWIGLU>(pb + g, N, r0, r1, has1);
         const char *c0 = (const char *)(W + (size_t)r0 * K), *c1 = (const char *)(W + (size_t)r1 * K);
-        for (int off = 16 * D * STEP + l * 128; off < K * 2; off += TPR * 128) {
+        const int lim = job.pf_items < 0 ? K * 2 : min(K * 2, 16 * (D + job.pf_items) * STEP);
+        for (int off = 16 * D * STEP + l * 128; off < lim; off += TPR * 128) {
             prefetch_l2(c0 + off);
             prefetch_l2(c1 + off);
         }
@@ -314,7 +316,7 @@ extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
                           const uint16_t *norm_w, const uint16_t *W, int N, int K, float eps,
                           int accumulate, int swiglu) {
     CHECK(K % 8 == 0 && (size_t)K * 4 <= (size_t)cu->info.smem_optin);
-    struct cuda_gemv_job job = {out, x, norm_w, W, N, K, accumulate, swiglu, 0, NULL};
+    struct cuda_gemv_job job = {out, x, norm_w, W, N, K, accumulate, swiglu, 0, 0, NULL};
     size_t smem = (size_t)K * 2 * (norm_w ? 2 : 1); /* x (and the norm weights) */
     const long pairs = swiglu ? N : (N + 1) / 2;
     const long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
@@ -323,6 +325,7 @@ extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
     job.tpr = sh->tpr;
+    job.pf_items = cu->gemv_pf_items;
     job.trace = trace_slot(cu, &job, (int)blocks);
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
