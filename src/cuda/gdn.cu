@@ -22,6 +22,21 @@
 
 static __device__ __forceinline__ float softplus_f(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
 
+/* two sums over the 128 threads at once (each in block_sum128's order); red: 8 floats */
+static __device__ __forceinline__ void block_sum128x2(float &a, float &b, float *red) {
+    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) {
+        red[wid] = a;
+        red[4 + wid] = b;
+    }
+    __syncthreads();
+    a = red[0] + red[1] + red[2] + red[3];
+    b = red[4] + red[5] + red[6] + red[7];
+}
+
 static __device__ __forceinline__ float block_sum128(float v, float *red) {
     /* sum over the 128 threads of a block; red: 4 floats of shared memory */
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -84,7 +99,7 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
                 const float *A_log, const float *dt_bias, const float *norm_w, float *state,
                 float *ostep, int *counters, int Hk, int Hv, int dv, float eps) {
     const int dk = NR * 8;
-    __shared__ float sq[NR * 8], sk[NR * 8], sv[GDN_COLS], red[4];
+    __shared__ float sq[NR * 8], sk[NR * 8], sv[GDN_COLS], red[8];
     __shared__ float sbeta, sdec;
     __shared__ int last;
     const int v = blockIdx.x, col0 = blockIdx.y * GDN_COLS, nsplit = gridDim.y;
@@ -176,8 +191,7 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
             }
         }
     }
-    ssq = block_sum128(ssq, red);
-    ssk = block_sum128(ssk, red);
+    block_sum128x2(ssq, ssk, red);
     const float inv_q = 1.0f / sqrtf(ssq + 1e-6f), inv_k = 1.0f / sqrtf(ssk + 1e-6f);
     const float qscale = 1.0f / sqrtf((float)dk);
 #pragma unroll
@@ -212,15 +226,16 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
 
     /* 4. the delta rule on this thread's column */
     float o = delta_step<NR>(S, sk, sq, sdec, sbeta, sv[cl], rg);
-#pragma unroll
-    for (int m = 0; m < NR; m++) Sg[(size_t)(rg + 8 * m) * dv] = S[m];
     if (rg == 0) ostep[(size_t)v * dv + col] = o;
 
-    /* 5. the last block of this key head's group: q/k conv state, gated RMSNorm */
+    /* 5. the last block of this key head's group: q/k conv state, gated RMSNorm. The fence
+     * before the counter covers only o; the state goes back after it (by kernel end) */
     fence_device();
     __syncthreads();
     if (tid == 0) last = atomicAdd(&counters[kh], 1) == r * nsplit - 1;
     __syncthreads();
+#pragma unroll
+    for (int m = 0; m < NR; m++) Sg[(size_t)(rg + 8 * m) * dv] = S[m];
     if (!last) return;
     fence_device();
     if (fast_norm) {
@@ -233,11 +248,18 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
             ob[i] = bfr(load_coherent(ostep + (size_t)(kh * r + i) * dv + tid));
         }
         conv_shift_qk(conv_state, win, tid, dk, key_dim, kh);
+        float ss[4];
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) { /* the heads' sums of squares two at a time */
+            if (i >= r) break;
+            ss[i] = ob[i] * ob[i];
+            ss[i + 1] = i + 1 < r ? ob[i + 1] * ob[i + 1] : 0.0f;
+            block_sum128x2(ss[i], ss[i + 1], red);
+        }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (i >= r) break;
-            float ss = block_sum128(ob[i] * ob[i], red);
-            const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
+            const float rr = 1.0f / sqrtf(ss[i] / (float)dv + eps);
             float n = bfr(ob[i] * rr);
             float wn = bfr(w * n);
             out[(size_t)(kh * r + i) * dv + tid] = f2bf(wn * silu_f(zz[i])); /* HF: norm(o, z) */

@@ -130,14 +130,28 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
         uint4 *ws = xs + K8;
         const uint4 *w4 = (const uint4 *)norm_w;
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < K8; i += GEMV_THREADS) {
-            const uint4 X = x4[i];
-            ws[i] = w4[i];
-            xs[i] = X;
-            float f[8];
-            unpack8(X, f);
+        for (int i0 = threadIdx.x; i0 < K8; i0 += 2 * GEMV_THREADS) {
+            uint4 X[2], Wn[2]; /* both loads of a pair in flight at once */
 #pragma unroll
-            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+            for (int q = 0; q < 2; q++) {
+                const int i = i0 + q * GEMV_THREADS;
+                if (i < K8) {
+                    X[q] = x4[i];
+                    Wn[q] = w4[i];
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const int i = i0 + q * GEMV_THREADS;
+                if (i < K8) {
+                    ws[i] = Wn[q];
+                    xs[i] = X[q];
+                    float f[8];
+                    unpack8(X[q], f);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+                }
+            }
         }
         ss = warp_sum(ss);
         if (lane == 0) red[wid][0] = ss;
@@ -158,7 +172,15 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             xs[i] = o;
         }
     } else {
-        for (int i = threadIdx.x; i < K8; i += GEMV_THREADS) xs[i] = x4[i];
+        for (int i0 = threadIdx.x; i0 < K8; i0 += 4 * GEMV_THREADS) { /* 4 loads in flight */
+            uint4 X[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (i0 + q * GEMV_THREADS < K8) X[q] = x4[i0 + q * GEMV_THREADS];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (i0 + q * GEMV_THREADS < K8) xs[i0 + q * GEMV_THREADS] = X[q];
+        }
     }
     __syncthreads();
     if (tr) tr[2] = gpu_time_ns();
