@@ -19,6 +19,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "cuda/cuda.h"
 #include "harness.h"
 #include "util.h"
 
@@ -453,7 +454,7 @@ static void check_size(const char *size) {
     check_chain(&p, &c, size);
     /* every GEMV shape (threads per row, loads per item, pipeline depth) on the decode shapes,
      * whichever the launcher would pick */
-    for (int shape = 0; shape < 10; shape++) {
+    for (int shape = 0; shape < CUDA_GEMV_SHAPES; shape++) {
         char v[8], t[32];
         snprintf(v, sizeof v, "%d", shape);
         setenv("STRATA_GEMV_SHAPE", v, 1);

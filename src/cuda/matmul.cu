@@ -289,6 +289,7 @@ static const struct gemv_shape gemv_shapes[] = {
     GEMV_SHAPE(64, 5, 1),  GEMV_SHAPE(32, 5, 1),
 };
 #define N_GEMV_SHAPES (int)(sizeof gemv_shapes / sizeof gemv_shapes[0])
+static_assert(sizeof gemv_shapes / sizeof gemv_shapes[0] == CUDA_GEMV_SHAPES, "cuda.h's count");
 
 /* Resident blocks per SM of a GEMV kernel with this much dynamic shared memory. */
 static int resident(gemv_fn kern, size_t smem) {
@@ -341,6 +342,8 @@ extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
     struct cuda_gemv_job job = {out, x, norm_w, W, N, K, accumulate, swiglu, 0, 0, NULL};
     size_t smem = (size_t)K * 2 * (norm_w ? 2 : 1); /* x (and the norm weights) */
     const long pairs = swiglu ? N : (N + 1) / 2;
+    /* the persistent grid: 2 blocks per SM (what shape 3 keeps resident; every shape fits 2),
+     * also for the leaner shapes, whose spare registers then let the next kernel start early */
     const long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
     const struct gemv_shape *sh = &gemv_shapes[gemv_pick(cu, pairs, K / 8, cap)];
     gemv_fn kern = swiglu ? sh->swiglu : sh->plain;
