@@ -10,7 +10,8 @@
 #   git archive HEAD~1 src Makefile -o .carry/base.tar
 #   SIZES="4b 9b" VARIANTS=$'-\nSTRATA_GEMV_PF=-1' BASE_TAR=.carry/base.tar scripts/gpu-ab.sh
 #   (device call with carry [".deps/prefix.tar.xz", ".carry/base.tar"])
-# STRATA_TRACE=1 as a variant prints the GEMV timeline of one decode step.
+# STRATA_TRACE=1 as a variant prints the GEMV timeline of one decode step (whole output, with the
+# DeltaNet / attention phase table, appended to $OUT/trace.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -46,6 +47,7 @@ for s in $SIZES; do
         # shellcheck disable=SC2086
         env $v timeout 120 $B bench --model "$M/$s" --tg-only --reps "$REPS" >"$OUT/ab.tmp" 2>/dev/null
         grep -E "^GEMVs" "$OUT/ab.tmp"
+        case "$v" in *STRATA_TRACE=1*) { echo "== $s $v"; cat "$OUT/ab.tmp"; } >>"$OUT/trace.txt" ;; esac
         echo "$s ${v:-(as built)} :: $(tail -1 "$OUT/ab.tmp")"
     done <<<"$VARIANTS"
 done 2>&1 | tee "$OUT/ab.txt"

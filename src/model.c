@@ -31,7 +31,7 @@ struct layer {
     uint16_t *conv_w;     /* (conv_dim, K) */
     float *A_log, *dt_bias; /* (Hv,) bf16-rounded values */
     float *norm_w;        /* (dv,) bf16-rounded values */
-    uint16_t *conv_state; /* (conv_dim, K) raw inputs, oldest first */
+    uint16_t *conv_state; /* (conv_dim, K) raw inputs, a ring: column q % K holds position q */
     float *state;         /* (Hv, dk, dv) */
 };
 
@@ -443,11 +443,10 @@ static void forward(struct model *m, int T) {
             /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(residual) */
             op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, T,
                        c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads, H, 0);
-            /* HF: conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z) */
-            op->gdn(be, m->mix, m->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->norm_w,
-                    L->state, T);
-            /* HF: residual + out_proj(core_attn_out) */
-            op->matmul(be, m->h, m->mix, NULL, L->w_out, T, H, c->value_dim, 1);
+            /* HF: conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z),
+             * residual + out_proj(core_attn_out) */
+            op->gdn(be, m->h, m->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->norm_w,
+                    L->state, L->w_out, m->pos_dev, T);
         }
         /* HF: residual + mlp(post_attention_layernorm(residual)) */
         op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, T, I, H);
@@ -544,11 +543,13 @@ void model_gdn_state(struct model *m, int layer, float *conv, float *recurrent) 
     struct layer *L = &m->layers[layer];
     CHECK(L->type == LAYER_LINEAR_ATTENTION);
     struct backend *be = m->be;
-    if (conv) {
-        size_t n = (size_t)c->conv_dim * c->linear_conv_kernel_dim;
+    if (conv) { /* the ring (column q % K holds position q) read oldest first */
+        int K = c->linear_conv_kernel_dim;
+        size_t n = (size_t)c->conv_dim * K;
         uint16_t *tmp = xmalloc(n * 2);
         be->ops->download(be, tmp, L->conv_state, n * 2);
-        for (size_t i = 0; i < n; i++) conv[i] = bf16_to_f32(tmp[i]);
+        for (size_t ch = 0; ch < (size_t)c->conv_dim; ch++)
+            for (int j = 0; j < K; j++) conv[ch * K + j] = bf16_to_f32(tmp[ch * K + (m->pos + j) % K]);
         free(tmp);
     }
     if (recurrent)

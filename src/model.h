@@ -54,7 +54,8 @@ int32_t model_argmax(struct model *m);
 void model_logits(struct model *m, float *out);
 
 /* Copies the states of linear-attention layer `layer` (a model layer index):
- * conv (conv_dim, K) as float, recurrent (Hv, dk, dv) float. Either may be NULL. */
+ * conv (conv_dim, K) as float, the last K inputs oldest first, recurrent (Hv, dk, dv) float.
+ * Either may be NULL. */
 void model_gdn_state(struct model *m, int layer, float *conv, float *recurrent);
 
 #endif

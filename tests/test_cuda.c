@@ -332,16 +332,17 @@ static void check_attention(struct pair *p, const struct config *c, const char *
     free(kres[0]), free(kres[1]), free(vres[0]), free(vres[1]);
 }
 
-/* GDN over `calls` consecutive calls of T tokens each from a random state. */
+/* GDN (the mixer, out_proj and its residual add) over `calls` consecutive calls of T tokens
+ * each from a random state at position pos0 (the conv ring's columns then rotate). */
 static void check_gdn(struct pair *p, const struct config *c, const char *tag, int T, int calls,
-                      int graph) {
+                      int graph, int pos0) {
     int Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
-    int K = c->linear_conv_kernel_dim;
+    int K = c->linear_conv_kernel_dim, H = c->hidden_size;
     size_t row = (size_t)c->conv_dim + c->value_dim + 2 * Hv;
-    size_t nproj = (size_t)T * row, nout = (size_t)T * c->value_dim;
+    size_t nproj = (size_t)T * row, nh = (size_t)T * H, nwo = (size_t)H * c->value_dim;
     size_t nconv = (size_t)c->conv_dim * K, nst = (size_t)Hv * dk * dv;
     uint16_t *proj = rand_bf16(nproj * calls, 3.0f), *cw = rand_bf16(nconv, 0.5f);
-    uint16_t *cs = rand_bf16(nconv, 3.0f);
+    uint16_t *cs = rand_bf16(nconv, 3.0f), *wo = rand_bf16(nwo, 0.05f), *h0 = rand_bf16(nh, 0.1f);
     float *A_log = rand_f32(Hv, 1.0f), *dt_bias = rand_f32(Hv, 1.0f), *nw = rand_f32(dv, 1.0f);
     float *st = rand_f32(nst, 0.5f);
     for (int i = 0; i < Hv; i++) A_log[i] = bf16r(A_log[i]), dt_bias[i] = bf16r(dt_bias[i]);
@@ -353,40 +354,42 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
     for (int b = 0; b < 2; b++) {
         struct backend *be = bes[b];
         void *dproj = be->ops->alloc(be, nproj * 2), *dcw = up(be, cw, nconv * 2);
-        void *dcs = up(be, cs, nconv * 2);
+        void *dcs = up(be, cs, nconv * 2), *dwo = up(be, wo, nwo * 2), *dh = up(be, h0, nh * 2);
         void *dA = up(be, A_log, Hv * 4), *ddt = up(be, dt_bias, Hv * 4), *dnw = up(be, nw, dv * 4);
-        void *dst = up(be, st, nst * 4), *dout = be->ops->alloc(be, nout * 2);
+        void *dst = up(be, st, nst * 4), *dpos = be->ops->alloc(be, sizeof(int32_t));
         for (int s = 0; s < calls; s++) {
+            int32_t pos = pos0 + s * T;
+            be->ops->upload(be, dpos, &pos, sizeof pos);
             be->ops->upload(be, dproj, proj + (size_t)s * nproj, nproj * 2);
-            if (b == 1) poison(be, dout, nout * 2);
             if (graph) {
                 if (!be->ops->graph_replay(be, 12)) {
                     be->ops->graph_begin(be, 12);
-                    be->ops->gdn(be, dout, dproj, dcs, dcw, dA, ddt, dnw, dst, T);
+                    be->ops->gdn(be, dh, dproj, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
                     be->ops->graph_end(be, 12);
                 }
             } else {
-                be->ops->gdn(be, dout, dproj, dcs, dcw, dA, ddt, dnw, dst, T);
+                be->ops->gdn(be, dh, dproj, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
             }
-            res[b][s] = down(be, dout, nout * 2);
+            res[b][s] = down(be, dh, nh * 2);
         }
         cres[b] = down(be, dcs, nconv * 2);
         sres[b] = down(be, dst, nst * 4);
-        void *bufs[] = {dproj, dcw, dcs, dA, ddt, dnw, dst, dout};
+        void *bufs[] = {dproj, dcw, dcs, dwo, dh, dA, ddt, dnw, dst, dpos};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
     }
     char what[160];
     for (int s = 0; s < calls; s++) {
-        snprintf(what, sizeof what, "%s gdn T=%d call %d%s", tag, T, s, graph ? " (graph)" : "");
-        EXPECT(close_bf16(what, res[1][s], res[0][s], nout), "%s", what);
+        snprintf(what, sizeof what, "%s gdn T=%d pos %d call %d%s", tag, T, pos0, s,
+                 graph ? " (graph)" : "");
+        EXPECT(close_bf16(what, res[1][s], res[0][s], nh), "%s", what);
         free(res[0][s]), free(res[1][s]);
     }
-    snprintf(what, sizeof what, "%s gdn conv state T=%d x%d", tag, T, calls);
+    snprintf(what, sizeof what, "%s gdn conv state T=%d pos %d x%d", tag, T, pos0, calls);
     EXPECT(close_bf16(what, cres[1], cres[0], nconv), "%s", what);
-    snprintf(what, sizeof what, "%s gdn recurrent state T=%d x%d", tag, T, calls);
+    snprintf(what, sizeof what, "%s gdn recurrent state T=%d pos %d x%d", tag, T, pos0, calls);
     EXPECT(close_f32(what, sres[1], sres[0], nst), "%s", what);
-    free(proj), free(cw), free(cs), free(A_log), free(dt_bias), free(nw), free(st);
-    free(cres[0]), free(cres[1]), free(sres[0]), free(sres[1]);
+    free(proj), free(cw), free(cs), free(wo), free(h0), free(A_log), free(dt_bias), free(nw);
+    free(st), free(cres[0]), free(cres[1]), free(sres[0]), free(sres[1]);
 }
 
 static void check_embed_argmax(struct pair *p, const struct config *c, const char *tag,
@@ -467,6 +470,7 @@ static void check_size(const char *size) {
         check_matmul(&q, t, 1, H, I, 0, 1);
         check_matmul(&q, t, 1, 1001, H, 0, 0);
         check_swiglu(&q, t, 1, I, H);
+        check_gdn(&q, &c, t, 1, 1, 0, 5); /* out_proj with the gated norm staged */
         q.gpu->ops->destroy(q.gpu);
     }
     uint16_t *table = rand_bf16((size_t)c.vocab_size * H, 1.0f);
@@ -483,10 +487,12 @@ static void check_size(const char *size) {
     check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
     check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
 
-    check_gdn(&p, &c, size, 1, 4, 0);
-    check_gdn(&p, &c, size, 1, 3, 1);
-    check_gdn(&p, &c, size, 2, 1, 0);
-    check_gdn(&p, &c, size, 45, 2, 0);
+    check_gdn(&p, &c, size, 1, 4, 0, 0);
+    check_gdn(&p, &c, size, 1, 5, 0, 7);
+    check_gdn(&p, &c, size, 1, 3, 1, 2);
+    check_gdn(&p, &c, size, 2, 1, 0, 0);
+    check_gdn(&p, &c, size, 2, 2, 0, 9);
+    check_gdn(&p, &c, size, 45, 2, 0, 3);
     p.gpu->ops->destroy(p.gpu);
     p.cpu->ops->destroy(p.cpu);
 }

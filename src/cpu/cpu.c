@@ -351,14 +351,18 @@ static void gdn_heads(void *ctx, int lo, int hi, int thread) {
     }
 }
 
-static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uint16_t *conv_state,
+static void cpu_gdn(struct backend *be, uint16_t *h, const uint16_t *proj, uint16_t *conv_state,
                     const uint16_t *conv_w, const float *A_log, const float *dt_bias,
-                    const float *norm_w, float *state, int T) {
+                    const float *norm_w, float *state, const uint16_t *W_out,
+                    const int32_t *pos_p, int T) {
     const struct config *c = be->config;
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
     int dk = c->linear_key_head_dim, K = c->linear_conv_kernel_dim;
     int conv_dim = c->conv_dim, key_dim = c->key_dim, value_dim = c->value_dim;
     size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
+    const int pos0 = *pos_p;
+    CHECK(pos0 >= 0 && K <= 8);
+    uint16_t *out = xmalloc((size_t)T * value_dim * sizeof(uint16_t)); /* the mixer's output */
     float *y = xmalloc((size_t)conv_dim * sizeof(float)); /* (conv_dim,) conv + SiLU output */
     float *qn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised, scaled q */
     float *kn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised k */
@@ -367,16 +371,19 @@ static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uin
         const uint16_t *x = proj + (size_t)t * row;
         const uint16_t *z = x + conv_dim, *b = z + value_dim, *a = b + Hv;
 
-        /* 1. causal depthwise conv over the raw qkv channels; the state keeps the last K inputs,
-         *    oldest first; tap K-1 multiplies the current token. HF: silu(conv1d(x)), bf16 each.
+        /* 1. causal depthwise conv over the raw qkv channels; tap j multiplies the input of
+         *    position p - (K-1) + j, kept in ring column (p - (K-1) + j) % K (tap K-1: this
+         *    token, which then takes column p % K). HF: silu(conv1d(x)), bf16 each.
          *    (A few ten thousand multiply-adds: not worth waking the pool.) */
+        const int p = pos0 + t;
+        int col[8];
+        for (int j = 0; j < K; j++) col[j] = (p + 1 + j) % K; /* (p - (K - 1) + j) mod K */
         for (int ch = 0; ch < conv_dim; ch++) {
             uint16_t *st = conv_state + (size_t)ch * K;
-            memmove(st, st + 1, (size_t)(K - 1) * sizeof(uint16_t));
-            st[K - 1] = x[ch];
+            st[col[K - 1]] = x[ch];
             float acc = 0.0f;
             for (int j = 0; j < K; j++)
-                acc += bf16_to_f32(conv_w[(size_t)ch * K + j]) * bf16_to_f32(st[j]);
+                acc += bf16_to_f32(conv_w[(size_t)ch * K + j]) * bf16_to_f32(st[col[j]]);
             y[ch] = bf16r(silu(bf16r(acc)));
         }
 
@@ -399,6 +406,8 @@ static void cpu_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uin
     free(y);
     free(qn);
     free(kn);
+    run_matmul(be, h, out, NULL, W_out, T, c->hidden_size, value_dim, 1, 0); /* HF: h + out_proj */
+    free(out);
 }
 
 static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n) {

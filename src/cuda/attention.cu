@@ -117,13 +117,17 @@ static __device__ __forceinline__ void attend_range(const float (&qv)[G][8], con
  * Block (kv head, split) of a fixed (nKV, nsplit) grid; the chunk of positions a split covers
  * follows *pos on the device (no context ceiling; one graph serves every position).
  *  1. before griddepcontrol.wait: the first group of keys of each warp (rows < *pos, written by
- *     earlier steps) is loaded into registers and the next groups are prefetched into L2;
- *  2. after it, the prep: q/k RMSNorm + RoPE of the G query heads sharing this KV head (every
- *     block, from qkv), and in the block whose chunk holds *pos the new K/V row to the cache;
+ *     earlier steps) is loaded into registers and the next groups are prefetched into L2; the
+ *     q/k norm weights and the RoPE row of *pos are loaded;
+ *  2. after it, the prep, a warp per head in registers (one 16-byte load per lane): q/k RMSNorm +
+ *     RoPE of the G query heads sharing this KV head (every block, from qkv), and in the block
+ *     whose chunk holds *pos the new K/V row to the cache;
  *  3. each warp walks its sub-chunk DEC_U keys at a time for all G query heads (K/V read once
  *     per KV head), the next group's K loads issued before the current group's softmax and its
  *     V loads before the next group's scores (software pipelined, no extra registers), one max
  *     update per group; the block's 8 warps merge in shared memory into a partial (acc, max, sum);
+ *     A split holds at least min_chunk keys: short contexts run in one block per KV head,
+ *     which writes the gated output itself (no partials, no counter);
  *  4. the partials merge in a two-level tree through last-block counters (always left at zero):
  *     the last block of each group of DEC_GROUP splits merges that group into its first slot;
  *     the last group merges the groups and applies the output gate.
@@ -176,29 +180,36 @@ static __device__ void merge_slots(const float *part_h, size_t hstride, size_t s
     }
 }
 
-/* zero-centred RMSNorm of hd bf16 values (HF q_norm / k_norm) then NeoX RoPE on the first rot
- * dims at position p, into buf (fp32 holding bf16 values); one warp. */
-static __device__ void norm_rope_warp(float *buf, const uint16_t *src, const uint16_t *w, int hd,
-                                      int rot, const uint16_t *rope_cos, const uint16_t *rope_sin,
-                                      int p, float eps) {
-    const int lane = threadIdx.x % WARP_SIZE;
+/* zero-centred RMSNorm of one head (HF q_norm / k_norm) then NeoX RoPE on its first rot dims, in
+ * registers: lane i holds dims 8i .. 8i + 7 (x, zero past hd), with the norm weights w and the
+ * cos / sin of its dims at this position (cw, sw; loaded before the wait) as bf16 words; each
+ * rotated dim's partner (d +- rot / 2) comes from the lane rot / 16 away. One warp. */
+static __device__ __forceinline__ uint4 norm_rope_lane(uint4 x, uint4 w, uint4 cw, uint4 sw, int hd,
+                                                       int rot, float eps) {
+    const int lane = threadIdx.x % WARP_SIZE, d0 = lane * 8, half = rot / 2;
+    float f[8], g[8], v[8];
+    unpack8(x, f);
+    unpack8(w, g);
     float ss = 0.0f;
-    for (int d = lane; d < hd; d += WARP_SIZE) {
-        float v = bf2f(src[d]);
-        ss += v * v;
-    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) ss += f[e] * f[e];
     ss = warp_sum(ss);
     const float r = 1.0f / sqrtf(ss / (float)hd + eps);
-    for (int d = lane; d < hd; d += WARP_SIZE) buf[d] = bfr(bf2f(src[d]) * r * (1.0f + bf2f(w[d])));
-    __syncwarp();
-    const int half = rot / 2;
-    for (int j = lane; j < half; j += WARP_SIZE) { /* each pair (j, j + half) by one lane */
-        float x1 = buf[j], x2 = buf[j + half];
-        float c = bf2f(rope_cos[(size_t)p * half + j]), sn = bf2f(rope_sin[(size_t)p * half + j]);
-        buf[j] = bfr(bfr(x1 * c) + bfr(-x2 * sn));
-        buf[j + half] = bfr(bfr(x2 * c) + bfr(x1 * sn));
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = bfr(f[e] * r * (1.0f + g[e]));
+    const bool rotated = d0 < rot, first = d0 < half;
+    const int partner = rotated ? (first ? lane + half / 8 : lane - half / 8) : lane;
+    float c[8], sn[8];
+    unpack8(cw, c);
+    unpack8(sw, sn);
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const float other = __shfl_sync(FULL_MASK, v[e], partner);
+        if (rotated)
+            v[e] = first ? bfr(bfr(v[e] * c[e]) + bfr(-other * sn[e]))
+                         : bfr(bfr(v[e] * c[e]) + bfr(other * sn[e]));
     }
-    __syncwarp();
+    return make_uint4(pack_bf(v[0], v[1]), pack_bf(v[2], v[3]), pack_bf(v[4], v[5]), pack_bf(v[6], v[7]));
 }
 
 /* Asks L2 for the K and V rows [r0, r1) (128-byte lines spread over the warp's lanes): the loads
@@ -218,23 +229,23 @@ static __global__ void __launch_bounds__(ATTN_WARPS *WARP_SIZE, 2)
 attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qkv,
                    const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
                    uint16_t *v_cache, const uint16_t *rope_cos, const uint16_t *rope_sin,
-                   const int32_t *pos, int nsplit, int hd, int rot, int max_ctx, float scale,
-                   float eps) {
+                   const int32_t *pos, int nsplit, int min_chunk, int hd, int rot, int max_ctx,
+                   float scale, float eps, unsigned long long *tr) {
     extern __shared__ float sm[];
     float *wsm = sm;                                   /* (ATTN_WARPS, G, hd + 2) warp partials */
-    float *qs = wsm + (size_t)ATTN_WARPS * G * (hd + 2); /* (G, hd) normalised, rotated q */
-    float *kbuf = qs + (size_t)G * hd;                 /* (hd,) the new key */
-    float *fw = kbuf + hd;                             /* (G, DEC_GROUP) merge weights */
+    uint4 *qs = (uint4 *)(wsm + (size_t)ATTN_WARPS * G * (hd + 2)); /* (G, 32) q, packed bf16 */
+    float *fw = (float *)(qs + G * WARP_SIZE);         /* (G, DEC_GROUP) merge weights */
     float *MLs = fw + G * DEC_GROUP;                   /* (G, 2) merged max, sum */
     __shared__ int s_last;
     const int kvh = blockIdx.x, split = blockIdx.y, nKV = gridDim.x, nH = nKV * G;
     const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE;
     grid_launch_dependents();
+    ktrace_stamp(tr, 0);
     const int p = *pos; /* uploaded before the step: readable before the wait */
     int n = p + 1;
     if (n > max_ctx) n = max_ctx;
     int chunk = (n + nsplit - 1) / nsplit;
-    if (chunk < 32) chunk = 32;
+    if (chunk < min_chunk) chunk = min_chunk;
     const int nact = (n + chunk - 1) / chunk;
     if (split >= nact) return; /* whole block: no keys here at this position */
     const int start = split * chunk, end = min(n, start + chunk);
@@ -245,7 +256,8 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
     const bool on = lane * 8 < hd;
     const uint4 zero = make_uint4(0, 0, 0, 0);
 
-    /* 1. before the wait: rows < p were written by earlier steps (row p is written below) */
+    /* 1. before the wait: rows < p were written by earlier steps (row p is written below); the
+     * norm weights and this position's RoPE row */
     uint4 kk[DEC_U], vv[DEC_U];
 #pragma unroll
     for (int u = 0; u < DEC_U; u++) {
@@ -255,27 +267,36 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
         vv[u] = ok ? *(const uint4 *)(vc + (size_t)j * hd + lane * 8) : zero;
     }
     prefetch_rows(kc, vc, hd, a + DEC_U, min(b, a + DEC_U + DEC_PF));
-    grid_dependency_wait(); /* qkv comes from the GEMV before */
-
-    /* 2. prep: the G query heads of this KV head; the new K/V row in the block that holds p */
     const bool owner = p < max_ctx && split == p / chunk; /* model.c stops at a full context */
     const int pr = min(p, max_ctx - 1);                   /* RoPE row (never past the table) */
+    const int half = rot / 2, j0 = lane * 8 < half ? lane * 8 : lane * 8 - half;
+    const uint4 qw = on ? *(const uint4 *)(q_norm + lane * 8) : zero;
+    const uint4 kw = on && owner ? *(const uint4 *)(k_norm + lane * 8) : zero;
+    const bool rotated = lane * 8 < rot;
+    const uint4 cw = rotated ? *(const uint4 *)(rope_cos + (size_t)pr * half + j0) : zero;
+    const uint4 sw = rotated ? *(const uint4 *)(rope_sin + (size_t)pr * half + j0) : zero;
+    grid_dependency_wait(); /* qkv comes from the GEMV before */
+    ktrace_stamp(tr, 1);
+
+    /* 2. prep: the G query heads of this KV head; the new K/V row in the block that holds p */
     const size_t kv_off = (size_t)2 * nH * hd + (size_t)kvh * hd;
     for (int item = wid; item < G + (owner ? 1 : 0); item += ATTN_WARPS) {
+        const uint16_t *src = item < G ? qkv + (size_t)(kvh * G + item) * 2 * hd : qkv + kv_off;
+        const uint4 x = on ? *(const uint4 *)(src + lane * 8) : zero;
         if (item < G) {
-            norm_rope_warp(qs + (size_t)item * hd, qkv + (size_t)(kvh * G + item) * 2 * hd, q_norm,
-                           hd, rot, rope_cos, rope_sin, pr, eps);
+            const uint4 y = norm_rope_lane(x, qw, cw, sw, hd, rot, eps);
+            if (on) qs[item * WARP_SIZE + lane] = y;
         } else {
-            norm_rope_warp(kbuf, qkv + kv_off, k_norm, hd, rot, rope_cos, rope_sin, p, eps);
-            const uint16_t *vsrc = qkv + kv_off + (size_t)nKV * hd;
-            uint16_t *kd = k_cache + kvbase + (size_t)p * hd, *vd = v_cache + kvbase + (size_t)p * hd;
-            for (int d = lane; d < hd; d += WARP_SIZE) {
-                kd[d] = f2bf(kbuf[d]);
-                vd[d] = vsrc[d];
+            const uint4 vx = on ? *(const uint4 *)(qkv + kv_off + (size_t)nKV * hd + lane * 8) : zero;
+            const uint4 y = norm_rope_lane(x, kw, cw, sw, hd, rot, eps);
+            if (on) {
+                *(uint4 *)(k_cache + kvbase + (size_t)p * hd + lane * 8) = y;
+                *(uint4 *)(v_cache + kvbase + (size_t)p * hd + lane * 8) = vx;
             }
         }
     }
     __syncthreads(); /* q in shared memory; row p in the cache, visible to this block */
+    ktrace_stamp(tr, 2);
 #pragma unroll
     for (int u = 0; u < DEC_U; u++)
         if (on && a + u == p && a + u < b) {
@@ -290,10 +311,7 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
     for (int gi = 0; gi < G; gi++) {
         m[gi] = -INFINITY;
         l[gi] = 0.0f;
-        const float *qg = qs + (size_t)gi * hd + lane * 8;
-        qp[gi] = on ? make_uint4(pack_bf(qg[0], qg[1]), pack_bf(qg[2], qg[3]), pack_bf(qg[4], qg[5]),
-                                 pack_bf(qg[6], qg[7]))
-                    : zero;
+        qp[gi] = on ? qs[gi * WARP_SIZE + lane] : zero;
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[gi][e] = 0.0f;
     }
@@ -344,7 +362,9 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
         }
     }
 
-    /* the block's 8 warps -> one partial per query head */
+    /* the block's 8 warps -> one partial per query head (or, when this block holds every key,
+     * the output: the merge of one partial is that partial) */
+    ktrace_stamp(tr, 3);
     const int stride = hd + 2;
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
@@ -371,12 +391,23 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
                 A += ws[d] * f;
                 L += ws[hd + 1] * f;
             }
+        if (nact == 1) {
+            const int h = kvh * G + gi;
+            float o = L > 0.0f ? A / L : 0.0f;
+            float gate = bf2f(qkv[(size_t)h * 2 * hd + hd + d]);
+            out[(size_t)h * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gate))); /* HF: * sigmoid(gate) */
+            continue;
+        }
         float *pp = part + ((size_t)(kvh * G + gi) * nsplit + split) * stride;
         pp[d] = A;
         if (d == 0) {
             pp[hd] = M;
             pp[hd + 1] = L;
         }
+    }
+    if (nact == 1) {
+        ktrace_stamp(tr, 4);
+        return;
     }
 
     /* 4. two-level merge through last-block counters */
@@ -389,11 +420,13 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
     __syncthreads();
     if (tid == 0) s_last = atomicAdd(&cnt[g], 1) == gcnt - 1;
     __syncthreads();
+    ktrace_stamp(tr, 4);
     if (!s_last) return;
     fence_device();
     if (tid == 0) cnt[g] = 0;
     if (ng == 1) { /* one group: merge it into the output */
         merge_slots<G>(part_kv, hstride, stride, gcnt, hd, fw, MLs, NULL, out, qkv, kvh * G);
+        ktrace_stamp(tr, 5);
         return;
     }
     merge_slots<G>(part_kv + (size_t)g0 * stride, hstride, stride, gcnt, hd, fw, MLs,
@@ -407,6 +440,7 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
     if (tid == 0) cnt[DEC_GROUP] = 0;
     merge_slots<G>(part_kv, hstride, (size_t)DEC_GROUP * stride, ng, hd, fw, MLs, NULL, out, qkv,
                    kvh * G);
+    ktrace_stamp(tr, 5);
 }
 
 /* Causal prefill: a warp per (token, KV head) walks keys 0 .. *pos + t for its G query heads.
@@ -474,13 +508,13 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
                           const uint16_t *qkv, uint16_t *k_cache, uint16_t *v_cache,
                           const int32_t *pos) {
     int nKV = c->num_key_value_heads, hd = c->head_dim;
-    CHECK(hd % 8 == 0 && hd <= 8 * WARP_SIZE && c->rotary_dim <= hd);
+    CHECK(hd % 8 == 0 && hd <= 8 * WARP_SIZE && c->rotary_dim <= hd && c->rotary_dim % 16 == 0);
     CHECK(nKV * DEC_CNT_PER_KV <= 256 - DEC_COUNTERS);
-    size_t smem = ((size_t)ATTN_WARPS * G * (hd + 2) + (size_t)G * hd + hd + G * DEC_GROUP + 2 * G) *
+    size_t smem = ((size_t)ATTN_WARPS * G * (hd + 2) + (size_t)G * WARP_SIZE * 4 + G * DEC_GROUP + 2 * G) *
                   sizeof(float);
     void (*kern)(uint16_t *, float *, int *, const uint16_t *, const uint16_t *, const uint16_t *,
                  uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, const int32_t *, int,
-                 int, int, int, float, float) = attn_decode_kernel<G>;
+                 int, int, int, int, float, float, unsigned long long *) = attn_decode_kernel<G>;
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     /* splits: as many as the resident blocks fill (every split of every KV head in one wave),
      * at most the partial buffer's attn_splits and DEC_GROUP^2 (the merge tree's reach) */
@@ -492,7 +526,8 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
     gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
                cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,
                k_cache, v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin,
-               pos, ns, hd, c->rotary_dim, max_ctx, 1.0f / sqrtf((float)hd), c->rms_norm_eps);
+               pos, ns, cu->attn_min_chunk, hd, c->rotary_dim, max_ctx, 1.0f / sqrtf((float)hd),
+               c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * ns));
     cu->n_launches++;
 }
 

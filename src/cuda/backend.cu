@@ -80,6 +80,60 @@ extern "C" void backend_cuda_profile_report(struct backend *be, FILE *f, int n_s
     fprintf(f, "| total (ops run one by one, no graph) | | %.1f | |\n", 1000.0 * total / n_steps);
 }
 
+/* The mixer kernels' phases (STRATA_TRACE=1), averaged per kind over the step: from the GEMV
+ * before (its last block done) to this kernel's first block past its wait, then from that
+ * moment to the last block reaching each stamp, and from the end to the next GEMV's inputs. A
+ * stamp counts only if written in the last replay (not before the block's entry stamp). */
+static void ktrace_report(struct cuda *cu, FILE *f) {
+    if (!cu->ktrace || cu->ktrace_n == 0) return;
+    size_t n = (size_t)cu->ktrace_n * CUDA_KTRACE_STRIDE, ng = (size_t)cu->trace_n * CUDA_TRACE_STRIDE;
+    unsigned long long *t = (unsigned long long *)xmalloc(n * sizeof *t);
+    unsigned long long *g = (unsigned long long *)xmalloc((ng ? ng : 1) * sizeof *g);
+    gpu_memcpy_d2h(t, cu->ktrace, n * sizeof *t, cu->stream);
+    if (ng) gpu_memcpy_d2h(g, cu->trace, ng * sizeof *g, cu->stream);
+    gpu_stream_sync(cu->stream);
+    double sum[2][8] = {{0}};
+    int cnt[2] = {0, 0};
+    for (int j = 0; j < cu->ktrace_n; j++) {
+        const unsigned long long *tj = t + (size_t)j * CUDA_KTRACE_STRIDE;
+        unsigned long long ready = ~0ull, mx[CUDA_KTRACE_STAMPS] = {0};
+        for (int b = 0; b < cu->ktrace_blocks[j]; b++) {
+            const unsigned long long *s = tj + (size_t)b * CUDA_KTRACE_STAMPS;
+            if (!s[0]) continue;
+            if (s[1] >= s[0] && s[1] < ready) ready = s[1];
+            for (int k = 0; k < CUDA_KTRACE_STAMPS; k++)
+                if (s[k] >= s[0] && s[k] > mx[k]) mx[k] = s[k];
+        }
+        if (ready == ~0ull) continue;
+        int gi = cu->ktrace_gemv[j], kind = cu->ktrace_kind[j];
+        double before = 0, after = 0;
+        if (gi >= 0 && gi + 1 < cu->trace_n) {
+            const unsigned long long *ga = g + (size_t)gi * CUDA_TRACE_STRIDE;
+            const unsigned long long *gb = g + (size_t)(gi + 1) * CUDA_TRACE_STRIDE;
+            unsigned long long last = 0, next = ~0ull;
+            for (int b = 0; b < cu->trace_blocks[gi]; b++) last = ga[4 * b + 3] > last ? ga[4 * b + 3] : last;
+            for (int b = 0; b < cu->trace_blocks[gi + 1]; b++) next = gb[4 * b + 1] < next ? gb[4 * b + 1] : next;
+            unsigned long long end = mx[5] > mx[4] ? mx[5] : mx[4] > mx[3] ? mx[4] : mx[3];
+            before = (double)ready - (double)last;
+            after = (double)next - (double)end;
+        }
+        sum[kind][0] += before;
+        for (int k = 2; k < CUDA_KTRACE_STAMPS; k++) sum[kind][k - 1] += mx[k] ? (double)(mx[k] - ready) : 0;
+        sum[kind][5] += after;
+        cnt[kind]++;
+    }
+    fprintf(f, "\n| mixer kernel (mean of n) | GEMV done -> ready | ready -> prep | -> main | -> published | -> last block done | end -> next GEMV ready |\n|---|---|---|---|---|---|---|\n");
+    const char *names[2] = {"DeltaNet step", "attention"};
+    for (int k = 0; k < 2; k++) {
+        if (!cnt[k]) continue;
+        fprintf(f, "| %s (%d) |", names[k], cnt[k]);
+        for (int i = 0; i < 6; i++) fprintf(f, " %.2f |", sum[k][i] / cnt[k] / 1e3);
+        fprintf(f, "\n");
+    }
+    free(t);
+    free(g);
+}
+
 /* STRATA_TRACE=1: the GEMV timeline of the last decode step (replay of the recorded graph):
  * per GEMV, from its blocks' timestamps, when its inputs were ready (wait / grid barrier left),
  * how long staging x took, when the rows were done (mean and last block), and the gap from its
@@ -145,6 +199,7 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
             cu->trace_n, sum_active / 1e3, sum_bytes / 1e9, sum_bytes / sum_active, sum_stage / 1e3,
             sum_tail / 1e3, sum_gap / 1e3, prev_last / 1e3);
     free(t);
+    ktrace_report(cu, f);
     return 1;
 }
 
@@ -278,7 +333,7 @@ static int op_graph_replay(struct backend *be, int key) {
 }
 static void op_graph_begin(struct backend *be, int key) {
     struct cuda *cu = cuda_of(be);
-    cu->trace_n = 0; /* trace the GEMVs of the graph being recorded */
+    cu->trace_n = cu->ktrace_n = 0; /* trace the kernels of the graph being recorded */
     if (cu->prof.on || cu->n_graphs >= CUDA_MAX_GRAPHS) return;
     CHECK(key != 0 && !cu->capturing);
     gpu_capture_begin(cu->stream);
@@ -381,19 +436,27 @@ static void op_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
     cuda_prof_end(cu);
 }
 
-static void op_gdn(struct backend *be, uint16_t *out, const uint16_t *proj, uint16_t *conv_state,
+static void op_gdn(struct backend *be, uint16_t *h, const uint16_t *proj, uint16_t *conv_state,
                    const uint16_t *conv_w, const float *A_log, const float *dt_bias,
-                   const float *norm_w, float *state, int T) {
+                   const float *norm_w, float *state, const uint16_t *W_out, const int32_t *pos,
+                   int T) {
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
     CHECK(T >= 1 && T <= be->max_T);
-    if (T == 1 && (cu->skip & 1)) return;
-    if (T == 1)
-        PROF("gdn step", cuda_gdn_step(cu, c, out, proj, conv_state, conv_w, A_log, dt_bias,
-                                       norm_w, state));
-    else
-        PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, out, proj, conv_state, conv_w, A_log,
-                                               dt_bias, norm_w, state, T));
+    const int H = c->hidden_size, value_dim = c->value_dim;
+    if (T == 1) { /* the step's o, then out_proj staging its input through the gated norm */
+        if (!(cu->skip & 1))
+            PROF("gdn step", cuda_gdn_step(cu, c, cu->gdn_o, proj, conv_state, conv_w, A_log,
+                                           dt_bias, state, pos));
+        PROF("gemv out_proj (gated norm, +residual)",
+             cuda_gemv_gated(cu, h, cu->gdn_o, proj + c->conv_dim, norm_w, c->linear_value_head_dim,
+                             W_out, H, value_dim, c->rms_norm_eps));
+        return;
+    }
+    CHECK((size_t)T * value_dim <= cu->xn_elems);
+    PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, cu->xn, proj, conv_state, conv_w, A_log,
+                                           dt_bias, norm_w, state, pos, T));
+    op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is (no norm) */
 }
 
 static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n) {
@@ -406,8 +469,8 @@ static void op_destroy(struct backend *be) {
     gpu_stream_sync(cu->stream);
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
-                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_ostep, cu->counters,
-                    cu->argmax_part, cu->blas_ws, cu->trace};
+                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->counters,
+                    cu->argmax_part, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
     for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_destroy(cu->prof.ev[i]);
@@ -479,6 +542,11 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     if (trace && atoi(trace))
         cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,
                                                     "the trace buffer");
+    if (trace && atoi(trace))
+        cu->ktrace = (unsigned long long *)dev_alloc(
+            cu, (size_t)CUDA_KTRACE_JOBS * CUDA_KTRACE_STRIDE * 8, "the trace buffer");
+    const char *achunk = getenv("STRATA_ATTN_CHUNK");
+    cu->attn_min_chunk = achunk && atoi(achunk) > 0 ? atoi(achunk) : 128;
     const char *skip = getenv("STRATA_SKIP_DECODE"); /* timing only: 1 gdn step, 2 attention */
     cu->skip = skip ? atoi(skip) : 0;
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);
@@ -531,7 +599,6 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_qk = (float *)dev_alloc(cu, T * 2 * Hk * dk * sizeof(float), "deltanet scratch");
     cu->gdn_bg = (float *)dev_alloc(cu, T * Hv * 2 * sizeof(float), "deltanet scratch");
     cu->gdn_o = (uint16_t *)dev_alloc(cu, T * Hv * dv * 2, "deltanet scratch");
-    cu->gdn_ostep = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
     gpu_stream_sync(cu->stream);

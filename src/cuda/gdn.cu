@@ -8,10 +8,11 @@
  * and 8 lanes share a column, each holding dk / 8 of its rows in registers: a step's two
  * reductions over dk are 3 shuffles each, with no block barrier.
  *
- * Decode: one fused kernel per layer. Each block recomputes the conv of its key head's q/k
- * channels (cheap) and its own 16 value channels; the last block of a key head's group to finish
- * (an atomic counter, re-armed by that block) writes the q/k conv state, which the others have
- * read by then, and applies the gated RMSNorm for the group's value heads.
+ * The conv state is a ring (backend.h): column q % 4 holds the raw input of position q.
+ *
+ * Decode: one kernel per layer whose blocks never wait for each other. Each block recomputes the
+ * conv of its key head's q/k channels (cheap) and its own 16 value channels, and writes o as
+ * bf16; the gated RMSNorm is applied by the out_proj GEMV as it stages its input.
  * Prefill: conv+norms+gates for every token in parallel, the conv state update, a scan over the
  * tokens per block with the state in registers, then the gated RMSNorm. */
 #include "kernels.h"
@@ -37,16 +38,6 @@ static __device__ __forceinline__ void block_sum128x2(float &a, float &b, float 
     b = red[4] + red[5] + red[6] + red[7];
 }
 
-static __device__ __forceinline__ float block_sum128(float v, float *red) {
-    /* sum over the 128 threads of a block; red: 4 floats of shared memory */
-    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) red[wid] = v;
-    __syncthreads();
-    return red[0] + red[1] + red[2] + red[3];
-}
-
 /* One delta-rule step for this thread's column: S (NR rows held here, rows rg + 8 m) <- decayed
  * and updated; returns o_j (valid in every lane of the column's 8-lane group). */
 template <int NR>
@@ -69,40 +60,22 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
     return group_sum(o, 8);
 }
 
-/* The q/k channels' conv state after the step: [s1 s2 s3 x], from the window each block of the
- * key head's group holds in registers (the last block to finish writes it: every block has
- * read the old state by then). */
-template <int QIT>
-static __device__ __forceinline__ void conv_shift_qk(uint16_t *conv_state,
-                                                     const uint16_t (&win)[2][QIT][4], int tid,
-                                                     int dk, int key_dim, int kh) {
-#pragma unroll
-    for (int it = 0; it < QIT; it++) {
-        int i = tid + it * GDN_THREADS;
-        if (i >= dk) continue;
-#pragma unroll
-        for (int part = 0; part < 2; part++) {
-            uint2 v;
-            v.x = (uint32_t)win[part][it][0] | (uint32_t)win[part][it][1] << 16;
-            v.y = (uint32_t)win[part][it][2] | (uint32_t)win[part][it][3] << 16;
-            *(uint2 *)(conv_state + (size_t)(part * key_dim + kh * dk + i) * 4) = v;
-        }
-    }
-}
-
 /* ---- decode --------------------------------------------------------------------------------
- * Bytes: 8 Hv dk dv (state read + written) + ~2 (conv_dim + value_dim) * 5 (conv window, x, z);
+ * No block waits for another: the conv state is a ring (column q % 4 holds position q), so the
+ * one block that writes the q/k channels' new column (the key head's first) never touches the
+ * columns the others read, and the gated RMSNorm runs in the out_proj GEMV's staging of its
+ * input (cuda_gemv_gated), which reads this kernel's bf16 o.
+ * Bytes: 8 Hv dk dv (state read + written) + ~2 (conv_dim + value_dim) * 5 (conv window, x, o);
  * FLOPs: ~6 Hv dk dv. */
 template <int NR>
 static __global__ void __launch_bounds__(GDN_THREADS)
-gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
-                const float *A_log, const float *dt_bias, const float *norm_w, float *state,
-                float *ostep, int *counters, int Hk, int Hv, int dv, float eps) {
+gdn_step_kernel(uint16_t *obuf, const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
+                const float *A_log, const float *dt_bias, float *state, const int32_t *pos, int Hk,
+                int Hv, int dv, unsigned long long *tr) {
     const int dk = NR * 8;
     __shared__ float sq[NR * 8], sk[NR * 8], sv[GDN_COLS], red[8];
     __shared__ float sbeta, sdec;
-    __shared__ int last;
-    const int v = blockIdx.x, col0 = blockIdx.y * GDN_COLS, nsplit = gridDim.y;
+    const int v = blockIdx.x, col0 = blockIdx.y * GDN_COLS;
     const int r = Hv / Hk, kh = v / r;
     const int key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, value_dim = Hv * dv;
     const int tid = threadIdx.x;
@@ -112,16 +85,19 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
      * cached window (acc = w0 s1 + w1 s2 + w2 s3, the w3 x term added once x is there, so the
      * sum is formed in the same order as before), the gate constants. */
     grid_launch_dependents();
+    ktrace_stamp(tr, 0);
     const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, c = lane / 8, rg = lane % 8;
     const int cl = wid * 4 + c, col = col0 + cl;
     float *Sg = state + (size_t)v * dk * dv + col;
     float S[NR];
 #pragma unroll
     for (int m = 0; m < NR; m++) S[m] = Sg[(size_t)(rg + 8 * m) * dv];
+    const int p = *pos; /* uploaded before the step */
+    const int c1 = (p + 1) & 3, c2 = (p + 2) & 3, c3 = (p + 3) & 3, cnew = p & 3; /* p-3, p-2, p-1, p */
+    const bool qk_writer = v % r == 0 && blockIdx.y == 0;
 
     constexpr int QIT = (NR * 8 + GDN_THREADS - 1) / GDN_THREADS;
     float qy[QIT], ky[QIT], w3[2][QIT];
-    uint16_t win[2][QIT][4]; /* the q/k conv window: s1 s2 s3 (x once it is there) */
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
         int i = tid + it * GDN_THREADS;
@@ -132,44 +108,30 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
             int ch = part * key_dim + kh * dk + i;
             const uint16_t *st = conv_state + (size_t)ch * 4;
             const uint16_t *w = conv_w + (size_t)ch * 4;
-            win[part][it][0] = st[1];
-            win[part][it][1] = st[2];
-            win[part][it][2] = st[3];
             float acc = 0.0f;
-            acc += bf2f(w[0]) * bf2f(win[part][it][0]);
-            acc += bf2f(w[1]) * bf2f(win[part][it][1]);
-            acc += bf2f(w[2]) * bf2f(win[part][it][2]);
+            acc += bf2f(w[0]) * bf2f(st[c1]);
+            acc += bf2f(w[1]) * bf2f(st[c2]);
+            acc += bf2f(w[2]) * bf2f(st[c3]);
             w3[part][it] = bf2f(w[3]);
             if (part == 0) qy[it] = acc; else ky[it] = acc;
         }
     }
-    uint16_t vs1 = 0, vs2 = 0, vs3 = 0;
     float vacc = 0.0f, vw3 = 0.0f;
     if (tid < GDN_COLS) {
         int ch = 2 * key_dim + v * dv + col0 + tid;
         const uint16_t *st = conv_state + (size_t)ch * 4;
         const uint16_t *w = conv_w + (size_t)ch * 4;
-        vs1 = st[1];
-        vs2 = st[2];
-        vs3 = st[3];
-        vacc += bf2f(w[0]) * bf2f(vs1);
-        vacc += bf2f(w[1]) * bf2f(vs2);
-        vacc += bf2f(w[2]) * bf2f(vs3);
+        vacc += bf2f(w[0]) * bf2f(st[c1]);
+        vacc += bf2f(w[1]) * bf2f(st[c2]);
+        vacc += bf2f(w[2]) * bf2f(st[c3]);
         vw3 = bf2f(w[3]);
     }
     const float gA = tid == 0 ? -expf(A_log[v]) : 0.0f, gdt = tid == 0 ? dt_bias[v] : 0.0f;
-    const bool fast_norm = dv == GDN_THREADS && r <= 4;
-    const float nw = fast_norm ? norm_w[tid] : 0.0f;
     grid_dependency_wait();
-    /* z of the group's value heads, for the block that will apply the gated norm: loaded now,
-     * off the path the last block takes */
-    float zz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (fast_norm)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (i < r) zz[i] = bf2f(proj[conv_dim + (size_t)(kh * r + i) * dv + tid]);
+    ktrace_stamp(tr, 1);
 
-    /* 1. conv + SiLU of the key head's q and k channels, L2 norms (window [s1 s2 s3 x]) */
+    /* 1. conv + SiLU of the key head's q and k channels (window [s1 s2 s3 x]), L2 norms; the
+     * key head's first block puts x in the ring */
     float ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
@@ -179,8 +141,9 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
         for (int part = 0; part < 2; part++) {
             int ch = part * key_dim + kh * dk + i;
             float acc = part == 0 ? qy[it] : ky[it];
-            win[part][it][3] = proj[ch];
-            acc += w3[part][it] * bf2f(win[part][it][3]);
+            const uint16_t x = proj[ch];
+            if (qk_writer) conv_state[(size_t)ch * 4 + cnew] = x;
+            acc += w3[part][it] * bf2f(x);
             float y = bfr(silu_f(bfr(acc)));
             if (part == 0) {
                 qy[it] = y;
@@ -191,7 +154,23 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
             }
         }
     }
-    block_sum128x2(ssq, ssk, red);
+    /* 2. this block's value channels (owned by this block alone) */
+    if (tid < GDN_COLS) {
+        int ch = 2 * key_dim + v * dv + col0 + tid;
+        uint16_t x = proj[ch];
+        conv_state[(size_t)ch * 4 + cnew] = x;
+        float acc = vacc;
+        acc += vw3 * bf2f(x);
+        sv[tid] = bfr(silu_f(bfr(acc)));
+    }
+    /* 3. gates */
+    if (tid == 0) {
+        float b = bf2f(proj[conv_dim + value_dim + v]), a = bf2f(proj[conv_dim + value_dim + Hv + v]);
+        sbeta = bfr(sigmoid_f(b)); /* HF: b.sigmoid() in bf16 */
+        float g = gA * softplus_f(a + gdt);
+        sdec = expf(g);
+    }
+    block_sum128x2(ssq, ssk, red); /* its barriers also publish sv and the gates */
     const float inv_q = 1.0f / sqrtf(ssq + 1e-6f), inv_k = 1.0f / sqrtf(ssk + 1e-6f);
     const float qscale = 1.0f / sqrtf((float)dk);
 #pragma unroll
@@ -202,89 +181,16 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
             sk[i] = ky[it] * inv_k;
         }
     }
-    /* 2. this block's value channels (owned by this block alone: update their conv state) */
-    if (tid < GDN_COLS) {
-        int ch = 2 * key_dim + v * dv + col0 + tid;
-        uint16_t *st = conv_state + (size_t)ch * 4;
-        uint16_t x = proj[ch];
-        float acc = vacc;
-        acc += vw3 * bf2f(x);
-        sv[tid] = bfr(silu_f(bfr(acc)));
-        st[0] = vs1;
-        st[1] = vs2;
-        st[2] = vs3;
-        st[3] = x;
-    }
-    /* 3. gates */
-    if (tid == 0) {
-        float b = bf2f(proj[conv_dim + value_dim + v]), a = bf2f(proj[conv_dim + value_dim + Hv + v]);
-        sbeta = bfr(sigmoid_f(b)); /* HF: b.sigmoid() in bf16 */
-        float g = gA * softplus_f(a + gdt);
-        sdec = expf(g);
-    }
     __syncthreads();
+    ktrace_stamp(tr, 2);
 
-    /* 4. the delta rule on this thread's column */
+    /* 4. the delta rule on this thread's column; o to the out_proj GEMV as bf16 (the norm
+     * rounds it so), the state back */
     float o = delta_step<NR>(S, sk, sq, sdec, sbeta, sv[cl], rg);
-    if (rg == 0) ostep[(size_t)v * dv + col] = o;
-
-    /* 5. the last block of this key head's group: q/k conv state, gated RMSNorm. The fence
-     * before the counter covers only o; the state goes back after it (by kernel end) */
-    fence_device();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&counters[kh], 1) == r * nsplit - 1;
-    __syncthreads();
+    if (rg == 0) obuf[(size_t)v * dv + col] = f2bf(o);
+    ktrace_stamp(tr, 3);
 #pragma unroll
     for (int m = 0; m < NR; m++) Sg[(size_t)(rg + 8 * m) * dv] = S[m];
-    if (!last) return;
-    fence_device();
-    if (fast_norm) {
-        /* thread j owns column j of every head of the group: all loads issued before the sums */
-        float ob[4];
-        const float w = nw;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (i >= r) break;
-            ob[i] = bfr(load_coherent(ostep + (size_t)(kh * r + i) * dv + tid));
-        }
-        conv_shift_qk(conv_state, win, tid, dk, key_dim, kh);
-        float ss[4];
-#pragma unroll
-        for (int i = 0; i < 4; i += 2) { /* the heads' sums of squares two at a time */
-            if (i >= r) break;
-            ss[i] = ob[i] * ob[i];
-            ss[i + 1] = i + 1 < r ? ob[i + 1] * ob[i + 1] : 0.0f;
-            block_sum128x2(ss[i], ss[i + 1], red);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (i >= r) break;
-            const float rr = 1.0f / sqrtf(ss[i] / (float)dv + eps);
-            float n = bfr(ob[i] * rr);
-            float wn = bfr(w * n);
-            out[(size_t)(kh * r + i) * dv + tid] = f2bf(wn * silu_f(zz[i])); /* HF: norm(o, z) */
-        }
-        if (tid == 0) counters[kh] = 0;
-        return;
-    }
-    conv_shift_qk(conv_state, win, tid, dk, key_dim, kh);
-    for (int vv = kh * r; vv < kh * r + r; vv++) {
-        float ss = 0.0f;
-        for (int j = tid; j < dv; j += GDN_THREADS) {
-            float ob = bfr(load_coherent(ostep + (size_t)vv * dv + j));
-            ss += ob * ob;
-        }
-        ss = block_sum128(ss, red);
-        const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
-        for (int j = tid; j < dv; j += GDN_THREADS) {
-            float ob = bfr(load_coherent(ostep + (size_t)vv * dv + j));
-            float n = bfr(ob * rr);
-            float w = bfr(norm_w[j] * n);
-            float z = bf2f(proj[conv_dim + (size_t)vv * dv + j]);
-            out[(size_t)vv * dv + j] = f2bf(w * silu_f(z)); /* HF: norm(core_attn_out, z) */
-        }
-    }
-    if (tid == 0) counters[kh] = 0;
 }
 
 /* ---- prefill -------------------------------------------------------------------------------- */
@@ -294,8 +200,8 @@ gdn_step_kernel(uint16_t *out, const uint16_t *proj, uint16_t *conv_state, const
  * Bytes: ~2 T conv_dim (x) * 4 (window) + 4 T (2 key_dim) + 2 T value_dim; FLOPs: ~12 T conv_dim. */
 static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, const uint16_t *proj,
                                        const uint16_t *conv_state, const uint16_t *conv_w,
-                                       const float *A_log, const float *dt_bias, int Hk, int Hv,
-                                       int dk, int conv_dim, int value_dim) {
+                                       const float *A_log, const float *dt_bias, const int32_t *pos,
+                                       int Hk, int Hv, int dk, int conv_dim, int value_dim) {
     __shared__ float red[32];
     const int t = blockIdx.y, hb = blockIdx.x, tid = threadIdx.x;
     const size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
@@ -313,8 +219,8 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        int s = t - 3 + j; /* sequence index of this tap's input; < 0: from the cached window */
-        float e = s >= 0 ? bf2f(proj[(size_t)s * row + ch]) : bf2f(conv_state[(size_t)ch * 4 + 4 + s]);
+        int s = t - 3 + j; /* sequence index of this tap's input; < 0: from the ring */
+        float e = s >= 0 ? bf2f(proj[(size_t)s * row + ch]) : bf2f(conv_state[(size_t)ch * 4 + ((*pos + s) & 3)]);
         acc += bf2f(w[j]) * e;
     }
     const float y = bfr(silu_f(bfr(acc)));
@@ -333,20 +239,13 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
     qk[((size_t)t * 2 * Hk + hb) * dk + tid] = y * inv * scale;
 }
 
-/* New conv state: the last 4 raw inputs of [old state, x_0 .. x_{T-1}]. Bytes: ~16 conv_dim. */
-static __global__ void gdn_conv_state_kernel(uint16_t *conv_state, const uint16_t *proj, int T,
-                                             int conv_dim, size_t row) {
+/* The ring after the prompt: the last (up to) 4 raw inputs into their columns. Bytes: ~4 conv_dim. */
+static __global__ void gdn_conv_state_kernel(uint16_t *conv_state, const uint16_t *proj,
+                                             const int32_t *pos, int T, int conv_dim, size_t row) {
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= conv_dim) return;
     uint16_t *st = conv_state + (size_t)ch * 4;
-    uint16_t e[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int s = T - 4 + j;
-        e[j] = s >= 0 ? proj[(size_t)s * row + ch] : st[4 + s];
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) st[j] = e[j];
+    for (int s = T > 4 ? T - 4 : 0; s < T; s++) st[(*pos + s) & 3] = proj[(size_t)s * row + ch];
 }
 
 /* The delta rule over T tokens: block (value head, 16-column slice), state in registers, tokens
@@ -422,25 +321,26 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
 /* ---- launchers ------------------------------------------------------------------------------ */
 
 template <int NR>
-static void launch_step(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
+static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf, const uint16_t *proj,
                         uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
-                        const float *dt_bias, const float *norm_w, float *state) {
+                        const float *dt_bias, float *state, const int32_t *pos) {
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
-    gpu_launch(cu->pdl, gdn_step_kernel<NR>, dim3(Hv, dv / GDN_COLS), dim3(GDN_THREADS), 0,
-               cu->stream, out, proj, conv_state, conv_w, A_log, dt_bias, norm_w, state,
-               cu->gdn_ostep, cu->counters + 8, c->linear_num_key_heads, Hv, dv, c->rms_norm_eps);
+    dim3 grid(Hv, dv / GDN_COLS);
+    gpu_launch(cu->pdl, gdn_step_kernel<NR>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf, proj,
+               conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads, Hv, dv,
+               cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)));
     cu->n_launches++;
 }
 
-extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *out,
+extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf,
                               const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
-                              const float *A_log, const float *dt_bias, const float *norm_w,
-                              float *state) {
-    CHECK(c->linear_value_head_dim % GDN_COLS == 0 && c->linear_num_key_heads <= 240);
+                              const float *A_log, const float *dt_bias, float *state,
+                              const int32_t *pos) {
+    CHECK(c->linear_value_head_dim % GDN_COLS == 0 && c->linear_conv_kernel_dim == 4);
     switch (c->linear_key_head_dim) {
-    case 32: launch_step<4>(cu, c, out, proj, conv_state, conv_w, A_log, dt_bias, norm_w, state); break;
-    case 64: launch_step<8>(cu, c, out, proj, conv_state, conv_w, A_log, dt_bias, norm_w, state); break;
-    case 128: launch_step<16>(cu, c, out, proj, conv_state, conv_w, A_log, dt_bias, norm_w, state); break;
+    case 32: launch_step<4>(cu, c, obuf, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 64: launch_step<8>(cu, c, obuf, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 128: launch_step<16>(cu, c, obuf, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
 }
@@ -457,16 +357,16 @@ static void launch_scan(struct cuda *cu, const struct config *c, float *state, i
 extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out,
                                  const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                                  const float *A_log, const float *dt_bias, const float *norm_w,
-                                 float *state, int T) {
+                                 float *state, const int32_t *pos, int T) {
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
     int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim, conv_dim = c->conv_dim;
     size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
-    CHECK(dv % GDN_COLS == 0 && conv_dim % dk == 0 && dk <= 1024);
+    CHECK(dv % GDN_COLS == 0 && conv_dim % dk == 0 && dk <= 1024 && c->linear_conv_kernel_dim == 4);
     gdn_conv_kernel<<<dim3(conv_dim / dk + 1, T), dk, 0, cu->stream>>>(
-        cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj, conv_state, conv_w, A_log, dt_bias, Hk, Hv, dk,
-        conv_dim, c->value_dim);
+        cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj, conv_state, conv_w, A_log, dt_bias, pos, Hk, Hv,
+        dk, conv_dim, c->value_dim);
     GPU_LAUNCHED();
-    gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, cu->stream>>>(conv_state, proj, T,
+    gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, cu->stream>>>(conv_state, proj, pos, T,
                                                                           conv_dim, row);
     GPU_LAUNCHED();
     switch (dk) {

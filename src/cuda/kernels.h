@@ -33,9 +33,20 @@ struct cuda_gemv_job {
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
+    const uint16_t *gz;        /* gated DeltaNet norm of x (cuda_gemv_gated): z, or NULL */
+    const float *gnorm_w;      /* its weights (dv,) */
+    int gdv;                   /* its head size */
     unsigned long long *trace; /* NULL, or (blocks, 4) timestamps: entry, inputs ready, x staged,
                                   rows done (STRATA_TRACE=1) */
 };
+
+/* STRATA_TRACE=1 also stamps the blocks of the decode step's DeltaNet and attention kernels:
+ * entry, inputs ready (past the wait), prep done, main loop done, partial published (counter),
+ * last block done; a stamp left 0 was not reached (a block with no work, or not the last). */
+#define CUDA_KTRACE_JOBS 64
+#define CUDA_KTRACE_BLOCKS 1024
+#define CUDA_KTRACE_STAMPS 6
+#define CUDA_KTRACE_STRIDE (CUDA_KTRACE_BLOCKS * CUDA_KTRACE_STAMPS)
 
 /* Kernel timing for the benchmark: when `profile` is set, each op records an event pair. */
 #define CUDA_PROF_MAX 2048
@@ -66,6 +77,11 @@ struct cuda {
     int trace_n;               /* GEMV jobs traced since the last reset */
     int trace_blocks[CUDA_TRACE_JOBS], trace_N[CUDA_TRACE_JOBS], trace_K[CUDA_TRACE_JOBS];
     int trace_flags[CUDA_TRACE_JOBS]; /* 1 norm, 2 accumulate, 4 swiglu, threads per row << 4 */
+    unsigned long long *ktrace; /* STRATA_TRACE=1: (CUDA_KTRACE_JOBS, CUDA_KTRACE_STRIDE) stamps */
+    int ktrace_n;               /* mixer kernels traced since the last reset */
+    int ktrace_kind[CUDA_KTRACE_JOBS];  /* 0 DeltaNet step, 1 attention */
+    int ktrace_gemv[CUDA_KTRACE_JOBS];  /* the traced GEMV before it (-1: none) */
+    int ktrace_blocks[CUDA_KTRACE_JOBS];
     int skip;                 /* STRATA_SKIP_DECODE (timing experiments only, wrong results):
                                  bit 0 drops the DeltaNet step kernels, bit 1 the attention */
 
@@ -79,20 +95,38 @@ struct cuda {
     uint16_t *attn_q;  /* (max_T, nH, hd) normalised, rotated queries */
     float *attn_part;  /* (nH, attn_splits, hd + 2) split-KV partials: acc, max, sum */
     int attn_splits;
+    int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 128) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
                                                  cuda_attn_decode, which folds the prep in */
     uint16_t *gdn_y;   /* (max_T, conv_dim) conv + SiLU outputs */
     float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
     float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
-    float *gdn_ostep;  /* (Hv, dv) decode step outputs, fp32 */
     int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax,
-                          [8 ..) gdn step, [64 ..) attention decode */
+                          [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
     float *argmax_part; /* (CUDA_ARGMAX_BLOCKS, 2) value, index */
 };
 
 static inline struct cuda *cuda_of(struct backend *be) { return (struct cuda *)be->impl; }
+
+/* Tracing: stamp slots for a mixer kernel of `blocks` blocks being recorded (NULL when off). */
+static inline unsigned long long *cuda_ktrace_slot(struct cuda *cu, int kind, int blocks) {
+    if (!cu->ktrace || !cu->capturing || cu->ktrace_n >= CUDA_KTRACE_JOBS || blocks > CUDA_KTRACE_BLOCKS)
+        return NULL;
+    int n = cu->ktrace_n++;
+    cu->ktrace_kind[n] = kind;
+    cu->ktrace_gemv[n] = cu->trace_n - 1;
+    cu->ktrace_blocks[n] = blocks;
+    return cu->ktrace + (size_t)n * CUDA_KTRACE_STRIDE;
+}
+#ifdef __CUDACC__
+/* Stamp i of this block (thread 0; tr NULL: tracing off). */
+static __device__ __forceinline__ void ktrace_stamp(unsigned long long *tr, int i) {
+    if (tr && threadIdx.x == 0)
+        tr[(size_t)(blockIdx.x + gridDim.x * blockIdx.y) * CUDA_KTRACE_STAMPS + i] = gpu_time_ns();
+}
+#endif
 
 /* Profiling hooks around each op (no-ops unless prof.on). */
 void cuda_prof_begin(struct cuda *cu, const char *name);
@@ -108,6 +142,10 @@ void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint1
 /* matmul.cu */
 void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                const uint16_t *W, int N, int K, float eps, int accumulate, int swiglu);
+/* out (N,) = bf16(out + bf16(x W^T)) where x = the DeltaNet gated RMSNorm of o (K,) bf16, per
+ * head of dv values: bf16(bf16(norm_w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)). */
+void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const uint16_t *z,
+                     const float *norm_w, int dv, const uint16_t *W, int N, int K, float eps);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);
 void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T, int N,
@@ -126,13 +164,15 @@ void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uin
                        const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                        const uint16_t *v_cache, const int32_t *pos, int T);
 
-/* gdn.cu */
-void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
+/* gdn.cu. Decode: obuf (value_dim,) gets the delta rule's o as bf16, before the gated norm
+ * (cuda_gemv_gated applies it); prefill: out (T, value_dim) is the gated norm's output. */
+void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, const uint16_t *proj,
                    uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
-                   const float *dt_bias, const float *norm_w, float *state);
+                   const float *dt_bias, float *state, const int32_t *pos);
 void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
                       uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
-                      const float *dt_bias, const float *norm_w, float *state, int T);
+                      const float *dt_bias, const float *norm_w, float *state, const int32_t *pos,
+                      int T);
 
 #ifdef __cplusplus
 }

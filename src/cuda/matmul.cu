@@ -20,8 +20,9 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
 /* A group of TPR threads computes a row pair: 2 output rows (plain) or one SwiGLU output (a gate
  * row and its up row). A block holds 256 / TPR groups and walks row pairs with a grid stride
  * (persistent: the grid is sized to the resident blocks, so the prologue is paid once per
- * block). The block puts x (normalised when norm_w is set) into shared memory as bf16, exactly
- * the values cpu.c's rmsnorm_row produces.
+ * block). The block puts x (normalised when norm_w is set; in the GATED mode, through the
+ * DeltaNet gated RMSNorm, so the DeltaNet step needs no second phase) into shared memory as
+ * bf16, exactly the values cpu.c's rmsnorm_row (gdn_heads) produces.
  * Streaming: a group's work is a sequence of items (row pair, chunk of K: each thread loads U
  * 16-byte words of both rows), software-pipelined D items deep: the loads of item t + D are
  * issued before item t is computed and reduced (a ring of D + 1 register sets), so each thread
@@ -37,9 +38,12 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
  * block has one long row pair); the block lets the next kernel start its blocks at once.
  * Bytes: 2 N K weights (4 I K for SwiGLU) + 2 K x per block + 2 N out (x2 with accumulate);
  * FLOPs: 2 N K (+ ~4 K per block for the norm). */
-template <int TPR, int U, int D, bool SWIGLU>
+enum { GEMV_PLAIN, GEMV_SWIGLU, GEMV_GATED }; /* the kernel's mode (GATED: cuda_gemv_gated) */
+
+template <int TPR, int U, int D, int MODE>
 static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job, float eps,
                                                 uint4 *xs, float (*red)[2]) {
+    constexpr bool SWIGLU = MODE == GEMV_SWIGLU, GATED = MODE == GEMV_GATED;
     uint16_t *out = job.out;
     const uint16_t *norm_w = job.norm_w, *W = job.W;
     const int N = job.N, K = job.K, accumulate = job.accumulate;
@@ -124,7 +128,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
         }
     }
 
-    if (norm_w) {
+    if (!GATED && norm_w) {
         /* one pass over x and the norm weights (both into shared memory), one barrier for the
          * sum of squares, then normalise in place */
         uint4 *ws = xs + K8;
@@ -170,6 +174,46 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             o.z = pack_bf(f[4] * r * (1.0f + gg[4]), f[5] * r * (1.0f + gg[5]));
             o.w = pack_bf(f[6] * r * (1.0f + gg[6]), f[7] * r * (1.0f + gg[7]));
             xs[i] = o;
+        }
+    } else if (GATED) {
+        /* the DeltaNet gated RMSNorm of x, per head of gdv values (gdv / 8 lanes, aligned):
+         * bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)), as cpu.c's gdn_heads;
+         * K8 is a multiple of the warp size, so every lane takes part in the group sums */
+        const uint4 *z4 = (const uint4 *)job.gz;
+        const float4 *nw4 = (const float4 *)job.gnorm_w;
+        const int gw = job.gdv / 8;
+        for (int i0 = threadIdx.x; i0 < K8; i0 += 2 * GEMV_THREADS) {
+            uint4 X[2], Z[2];
+            float4 Wa[2], Wb[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) { /* both words' loads in flight at once */
+                const int i = i0 + q * GEMV_THREADS;
+                if (i < K8) {
+                    X[q] = x4[i];
+                    Z[q] = z4[i];
+                    Wa[q] = nw4[2 * (i % gw)];
+                    Wb[q] = nw4[2 * (i % gw) + 1];
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const int i = i0 + q * GEMV_THREADS;
+                if (i >= K8) break; /* warp-uniform */
+                float f[8], zf[8];
+                unpack8(X[q], f);
+                unpack8(Z[q], zf);
+                const float w[8] = {Wa[q].x, Wa[q].y, Wa[q].z, Wa[q].w, Wb[q].x, Wb[q].y, Wb[q].z, Wb[q].w};
+                float ss = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+                ss = group_sum(ss, gw);
+                const float rr = 1.0f / sqrtf(ss / (float)job.gdv + eps);
+                float y[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) y[j] = bfr(w[j] * bfr(f[j] * rr)) * silu_f(zf[j]);
+                xs[i] = make_uint4(pack_bf(y[0], y[1]), pack_bf(y[2], y[3]), pack_bf(y[4], y[5]),
+                                   pack_bf(y[6], y[7])); /* HF: norm(core_attn_out, z) */
+            }
         }
     } else {
         for (int i0 = threadIdx.x; i0 < K8; i0 += 4 * GEMV_THREADS) { /* 4 loads in flight */
@@ -250,13 +294,13 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     if (tr) tr[3] = gpu_time_ns();
 }
 
-template <int TPR, int U, int D, bool SWIGLU>
+template <int TPR, int U, int D, int MODE>
 static __global__ void __launch_bounds__(GEMV_THREADS, 2)
 gemv_kernel(struct cuda_gemv_job job, float eps) {
     extern __shared__ uint4 xs[]; /* (K / 8,) x, then (K / 8,) norm weights when normalising */
     __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
     grid_launch_dependents();
-    gemv_run<TPR, U, D, SWIGLU>(job, eps, xs, red);
+    gemv_run<TPR, U, D, MODE>(job, eps, xs, red);
 }
 
 /* out = bf16(out + y), element-wise. Bytes: 6 n. */
@@ -280,9 +324,11 @@ typedef void (*gemv_fn)(struct cuda_gemv_job, float);
  * U = 5 fits K = 2560 rows (320 words) in one item of 64 threads or two of 32. */
 struct gemv_shape {
     int tpr, u, d;
-    gemv_fn plain, swiglu;
+    gemv_fn plain, swiglu, gated;
 };
-#define GEMV_SHAPE(T, U, D) {T, U, D, gemv_kernel<T, U, D, false>, gemv_kernel<T, U, D, true>}
+#define GEMV_SHAPE(T, U, D)                                                                     \
+    {T, U, D, gemv_kernel<T, U, D, GEMV_PLAIN>, gemv_kernel<T, U, D, GEMV_SWIGLU>,              \
+     gemv_kernel<T, U, D, GEMV_GATED>}
 static const struct gemv_shape gemv_shapes[] = {
     GEMV_SHAPE(32, 4, 1),  GEMV_SHAPE(64, 4, 1),  GEMV_SHAPE(128, 4, 1), GEMV_SHAPE(256, 4, 1),
     GEMV_SHAPE(128, 2, 2), GEMV_SHAPE(256, 2, 2), GEMV_SHAPE(256, 1, 3), GEMV_SHAPE(128, 1, 3),
@@ -331,22 +377,21 @@ static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_jo
     cu->trace_blocks[n] = blocks;
     cu->trace_N[n] = j->N;
     cu->trace_K[n] = j->K;
-    cu->trace_flags[n] = (j->norm_w ? 1 : 0) | (j->accumulate ? 2 : 0) | (j->swiglu ? 4 : 0) | (j->tpr << 4);
+    cu->trace_flags[n] = (j->norm_w || j->gnorm_w ? 1 : 0) | (j->accumulate ? 2 : 0) | (j->swiglu ? 4 : 0) | (j->tpr << 4);
     return cu->trace + (size_t)n * CUDA_TRACE_STRIDE;
 }
 
-extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
-                          const uint16_t *norm_w, const uint16_t *W, int N, int K, float eps,
-                          int accumulate, int swiglu) {
+/* Launches a decode GEMV job on the persistent grid with the shape the cost model picks. */
+static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
+    const int N = job.N, K = job.K;
     CHECK(K % 8 == 0 && (size_t)K * 4 <= (size_t)cu->info.smem_optin);
-    struct cuda_gemv_job job = {out, x, norm_w, W, N, K, accumulate, swiglu, 0, 0, NULL};
-    size_t smem = (size_t)K * 2 * (norm_w ? 2 : 1); /* x (and the norm weights) */
-    const long pairs = swiglu ? N : (N + 1) / 2;
+    size_t smem = (size_t)K * 2 * (job.norm_w ? 2 : 1); /* x (and the norm weights) */
+    const long pairs = job.swiglu ? N : (N + 1) / 2;
     /* the persistent grid: 2 blocks per SM (what shape 3 keeps resident; every shape fits 2),
      * also for the leaner shapes, whose spare registers then let the next kernel start early */
     const long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
     const struct gemv_shape *sh = &gemv_shapes[gemv_pick(cu, pairs, K / 8, cap)];
-    gemv_fn kern = swiglu ? sh->swiglu : sh->plain;
+    gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : sh->plain;
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
     job.tpr = sh->tpr;
@@ -355,6 +400,26 @@ extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
     cu->n_launches++;
+}
+
+extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
+                          const uint16_t *norm_w, const uint16_t *W, int N, int K, float eps,
+                          int accumulate, int swiglu) {
+    struct cuda_gemv_job job = {};
+    job.out = out, job.x = x, job.norm_w = norm_w, job.W = W;
+    job.N = N, job.K = K, job.accumulate = accumulate, job.swiglu = swiglu;
+    launch_gemv(cu, job, eps);
+}
+
+extern "C" void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const uint16_t *z,
+                                const float *norm_w, int dv, const uint16_t *W, int N, int K,
+                                float eps) {
+    CHECK(dv % 8 == 0 && dv / 8 <= WARP_SIZE && (dv / 8 & (dv / 8 - 1)) == 0 && K % dv == 0 &&
+          K % (8 * WARP_SIZE) == 0);
+    struct cuda_gemv_job job = {};
+    job.out = out, job.x = o, job.W = W, job.N = N, job.K = K, job.accumulate = 1;
+    job.gz = z, job.gnorm_w = norm_w, job.gdv = dv;
+    launch_gemv(cu, job, eps);
 }
 
 extern "C" void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n) {
