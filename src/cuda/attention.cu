@@ -160,18 +160,36 @@ static __device__ void merge_slots(const float *part_h, size_t hstride, size_t s
         if (lane == 0) MLs[2 * gi] = M, MLs[2 * gi + 1] = L;
     }
     __syncthreads();
-    for (int idx = tid; idx < G * hd; idx += ATTN_WARPS * WARP_SIZE) {
+    /* every load of this thread's elements (at most G: G hd <= G * 256 threads) in flight at once,
+     * predicated past cnt, then summed in slot order */
+    float Av[G], gt[G];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        const int idx = tid + k * ATTN_WARPS * WARP_SIZE, gi = idx / hd, d = idx % hd;
+        Av[k] = 0.0f;
+        gt[k] = out && idx < G * hd ? bf2f(gate_h[(size_t)(h0 + gi) * 2 * hd + hd + d]) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < DEC_GROUP; i++) {
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            const int idx = tid + k * ATTN_WARPS * WARP_SIZE, gi = idx / hd, d = idx % hd;
+            const float v = i < cnt && idx < G * hd
+                                ? load_coherent(part_h + gi * hstride + d + (size_t)i * sstride)
+                                : 0.0f;
+            if (i < cnt && idx < G * hd) Av[k] += v * fw[gi * DEC_GROUP + i];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        const int idx = tid + k * ATTN_WARPS * WARP_SIZE;
+        if (idx >= G * hd) break;
         const int gi = idx / hd, d = idx % hd;
-        const float *ph = part_h + gi * hstride + d;
-        const float *w = fw + gi * DEC_GROUP;
-        float A = 0.0f;
-#pragma unroll 4
-        for (int i = 0; i < cnt; i++) A += load_coherent(ph + (size_t)i * sstride) * w[i];
+        const float A = Av[k];
         const float L = MLs[2 * gi + 1];
         if (out) {
             float o = L > 0.0f ? A / L : 0.0f;
-            float gate = bf2f(gate_h[(size_t)(h0 + gi) * 2 * hd + hd + d]);
-            out[(size_t)(h0 + gi) * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gate))); /* HF: * sigmoid(gate) */
+            out[(size_t)(h0 + gi) * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gt[k]))); /* HF: * sigmoid(gate) */
         } else {
             float *pw = slot0_w + gi * hstride;
             pw[d] = A;

@@ -446,11 +446,11 @@ static void op_gdn(struct backend *be, uint16_t *h, const uint16_t *proj, uint16
     const int H = c->hidden_size, value_dim = c->value_dim;
     if (T == 1) { /* the step's o, then out_proj staging its input through the gated norm */
         if (!(cu->skip & 1))
-            PROF("gdn step", cuda_gdn_step(cu, c, cu->gdn_o, proj, conv_state, conv_w, A_log,
-                                           dt_bias, state, pos));
+            PROF("gdn step", cuda_gdn_step(cu, c, cu->gdn_o, cu->gdn_sz, proj, conv_state, conv_w,
+                                           A_log, dt_bias, state, pos));
         PROF("gemv out_proj (gated norm, +residual)",
-             cuda_gemv_gated(cu, h, cu->gdn_o, proj + c->conv_dim, norm_w, c->linear_value_head_dim,
-                             W_out, H, value_dim, c->rms_norm_eps));
+             cuda_gemv_gated(cu, h, cu->gdn_o, cu->gdn_sz, norm_w, c->linear_value_head_dim, W_out,
+                             H, value_dim, c->rms_norm_eps));
         return;
     }
     CHECK((size_t)T * value_dim <= cu->xn_elems);
@@ -469,7 +469,7 @@ static void op_destroy(struct backend *be) {
     gpu_stream_sync(cu->stream);
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
-                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->counters,
+                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_sz, cu->counters,
                     cu->argmax_part, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
@@ -546,7 +546,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
         cu->ktrace = (unsigned long long *)dev_alloc(
             cu, (size_t)CUDA_KTRACE_JOBS * CUDA_KTRACE_STRIDE * 8, "the trace buffer");
     const char *achunk = getenv("STRATA_ATTN_CHUNK");
-    cu->attn_min_chunk = achunk && atoi(achunk) > 0 ? atoi(achunk) : 128;
+    cu->attn_min_chunk = achunk && atoi(achunk) > 0 ? atoi(achunk) : 32;
     const char *skip = getenv("STRATA_SKIP_DECODE"); /* timing only: 1 gdn step, 2 attention */
     cu->skip = skip ? atoi(skip) : 0;
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);
@@ -599,6 +599,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_qk = (float *)dev_alloc(cu, T * 2 * Hk * dk * sizeof(float), "deltanet scratch");
     cu->gdn_bg = (float *)dev_alloc(cu, T * Hv * 2 * sizeof(float), "deltanet scratch");
     cu->gdn_o = (uint16_t *)dev_alloc(cu, T * Hv * dv * 2, "deltanet scratch");
+    cu->gdn_sz = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
     gpu_stream_sync(cu->stream);

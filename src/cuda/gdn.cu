@@ -12,7 +12,8 @@
  *
  * Decode: one kernel per layer whose blocks never wait for each other. Each block recomputes the
  * conv of its key head's q/k channels (cheap) and its own 16 value channels, and writes o as
- * bf16; the gated RMSNorm is applied by the out_proj GEMV as it stages its input.
+ * bf16 and silu(z) as fp32; the gated RMSNorm is applied by the out_proj GEMV as it stages its
+ * input.
  * Prefill: conv+norms+gates for every token in parallel, the conv state update, a scan over the
  * tokens per block with the state in registers, then the gated RMSNorm. */
 #include "kernels.h"
@@ -69,9 +70,9 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
  * FLOPs: ~6 Hv dk dv. */
 template <int NR>
 static __global__ void __launch_bounds__(GDN_THREADS)
-gdn_step_kernel(uint16_t *obuf, const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
-                const float *A_log, const float *dt_bias, float *state, const int32_t *pos, int Hk,
-                int Hv, int dv, unsigned long long *tr) {
+gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_state,
+                const uint16_t *conv_w, const float *A_log, const float *dt_bias, float *state,
+                const int32_t *pos, int Hk, int Hv, int dv, unsigned long long *tr) {
     const int dk = NR * 8;
     __shared__ float sq[NR * 8], sk[NR * 8], sv[GDN_COLS], red[8];
     __shared__ float sbeta, sdec;
@@ -127,6 +128,23 @@ gdn_step_kernel(uint16_t *obuf, const uint16_t *proj, uint16_t *conv_state, cons
         vw3 = bf2f(w[3]);
     }
     const float gA = tid == 0 ? -expf(A_log[v]) : 0.0f, gdt = tid == 0 ? dt_bias[v] : 0.0f;
+    {
+        /* blocks that start only when the GEMV's blocks leave (more than fit beside them) find
+         * their state and conv window in L2: each block asks for those of the block half a grid
+         * away */
+        const int nb = gridDim.x * gridDim.y, self = blockIdx.y * gridDim.x + blockIdx.x;
+        const int other = (self + nb / 2) % nb, ov = other % gridDim.x, oc0 = other / gridDim.x * GDN_COLS;
+        const int okh = ov / r, lines = dk / 16; /* 128-byte lines of dk channels' 4-tap rows */
+        if (tid < dk) prefetch_l2(state + ((size_t)ov * dk + tid) * dv + oc0);
+        if (tid < 4 * lines) { /* q and k: window, weights */
+            const int part = tid / lines % 2, ln = tid % lines;
+            const uint16_t *base = tid < 2 * lines ? conv_state : conv_w;
+            prefetch_l2(base + (size_t)(part * key_dim + okh * dk) * 4 + ln * 64);
+        } else if (tid < 4 * lines + 2) { /* the value channels: window, weights */
+            const uint16_t *base = tid == 4 * lines ? conv_state : conv_w;
+            prefetch_l2(base + (size_t)(2 * key_dim + ov * dv + oc0) * 4);
+        }
+    }
     grid_dependency_wait();
     ktrace_stamp(tr, 1);
 
@@ -154,10 +172,12 @@ gdn_step_kernel(uint16_t *obuf, const uint16_t *proj, uint16_t *conv_state, cons
             }
         }
     }
-    /* 2. this block's value channels (owned by this block alone) */
+    /* 2. this block's value channels (owned by this block alone), and silu(z) of its columns
+     * for the gated norm in the out_proj GEMV */
     if (tid < GDN_COLS) {
         int ch = 2 * key_dim + v * dv + col0 + tid;
         uint16_t x = proj[ch];
+        sz[v * dv + col0 + tid] = silu_f(bf2f(proj[conv_dim + v * dv + col0 + tid])); /* HF: silu(z) */
         conv_state[(size_t)ch * 4 + cnew] = x;
         float acc = vacc;
         acc += vw3 * bf2f(x);
@@ -321,26 +341,26 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
 /* ---- launchers ------------------------------------------------------------------------------ */
 
 template <int NR>
-static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf, const uint16_t *proj,
-                        uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
-                        const float *dt_bias, float *state, const int32_t *pos) {
+static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
+                        const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
+                        const float *A_log, const float *dt_bias, float *state, const int32_t *pos) {
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
     dim3 grid(Hv, dv / GDN_COLS);
-    gpu_launch(cu->pdl, gdn_step_kernel<NR>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf, proj,
+    gpu_launch(cu->pdl, gdn_step_kernel<NR>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf, sz, proj,
                conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads, Hv, dv,
                cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)));
     cu->n_launches++;
 }
 
-extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf,
+extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                               const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                               const float *A_log, const float *dt_bias, float *state,
                               const int32_t *pos) {
     CHECK(c->linear_value_head_dim % GDN_COLS == 0 && c->linear_conv_kernel_dim == 4);
     switch (c->linear_key_head_dim) {
-    case 32: launch_step<4>(cu, c, obuf, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
-    case 64: launch_step<8>(cu, c, obuf, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
-    case 128: launch_step<16>(cu, c, obuf, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 32: launch_step<4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 64: launch_step<8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 128: launch_step<16>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
 }

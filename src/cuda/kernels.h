@@ -33,7 +33,7 @@ struct cuda_gemv_job {
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
-    const uint16_t *gz;        /* gated DeltaNet norm of x (cuda_gemv_gated): z, or NULL */
+    const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
     const float *gnorm_w;      /* its weights (dv,) */
     int gdv;                   /* its head size */
     unsigned long long *trace; /* NULL, or (blocks, 4) timestamps: entry, inputs ready, x staged,
@@ -95,13 +95,14 @@ struct cuda {
     uint16_t *attn_q;  /* (max_T, nH, hd) normalised, rotated queries */
     float *attn_part;  /* (nH, attn_splits, hd + 2) split-KV partials: acc, max, sum */
     int attn_splits;
-    int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 128) */
+    int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 32) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
                                                  cuda_attn_decode, which folds the prep in */
     uint16_t *gdn_y;   /* (max_T, conv_dim) conv + SiLU outputs */
     float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
     float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
+    float *gdn_sz;     /* (Hv, dv) decode: silu(z) */
     int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax,
                           [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
@@ -143,8 +144,8 @@ void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint1
 void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                const uint16_t *W, int N, int K, float eps, int accumulate, int swiglu);
 /* out (N,) = bf16(out + bf16(x W^T)) where x = the DeltaNet gated RMSNorm of o (K,) bf16, per
- * head of dv values: bf16(bf16(norm_w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)). */
-void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const uint16_t *z,
+ * head of dv values: bf16(bf16(norm_w * bf16(o * rsqrt(mean(o^2) + eps))) * sz), sz = silu(z). */
+void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                      const float *norm_w, int dv, const uint16_t *W, int N, int K, float eps);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);
@@ -164,9 +165,10 @@ void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uin
                        const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                        const uint16_t *v_cache, const int32_t *pos, int T);
 
-/* gdn.cu. Decode: obuf (value_dim,) gets the delta rule's o as bf16, before the gated norm
- * (cuda_gemv_gated applies it); prefill: out (T, value_dim) is the gated norm's output. */
-void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, const uint16_t *proj,
+/* gdn.cu. Decode: obuf (value_dim,) gets the delta rule's o as bf16 and sz (value_dim,) silu(z),
+ * for the gated norm cuda_gemv_gated applies; prefill: out (T, value_dim) is the gated norm's
+ * output. */
+void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz, const uint16_t *proj,
                    uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
                    const float *dt_bias, float *state, const int32_t *pos);
 void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,

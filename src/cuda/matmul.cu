@@ -111,7 +111,11 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             prefetch_l2(c1 + off);
         }
     }
+    if (GATED) /* the gated norm's weights, behind x in shared memory */
+        for (int i = threadIdx.x; i < job.gdv / 4; i += GEMV_THREADS)
+            ((float4 *)(xs + K8))[i] = ((const float4 *)job.gnorm_w)[i];
     grid_dependency_wait();
+    if (GATED) __syncthreads();
     if (tr) tr[1] = gpu_time_ns();
     if (!SWIGLU && accumulate && l == 0) { /* residuals of the items issued before the wait */
         int p = pb + g, c = 0;
@@ -177,32 +181,32 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
         }
     } else if (GATED) {
         /* the DeltaNet gated RMSNorm of x, per head of gdv values (gdv / 8 lanes, aligned):
-         * bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)), as cpu.c's gdn_heads;
-         * K8 is a multiple of the warp size, so every lane takes part in the group sums */
-        const uint4 *z4 = (const uint4 *)job.gz;
-        const float4 *nw4 = (const float4 *)job.gnorm_w;
+         * bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)), as cpu.c's gdn_heads,
+         * silu(z) from the DeltaNet step (fp32); K8 is a multiple of the warp size, so every
+         * lane takes part in the group sums */
+        const float4 *sz4 = (const float4 *)job.gsz, *nw4 = (const float4 *)(xs + K8);
         const int gw = job.gdv / 8;
         for (int i0 = threadIdx.x; i0 < K8; i0 += 2 * GEMV_THREADS) {
-            uint4 X[2], Z[2];
-            float4 Wa[2], Wb[2];
+            uint4 X[2];
+            float4 Sa[2], Sb[2];
 #pragma unroll
             for (int q = 0; q < 2; q++) { /* both words' loads in flight at once */
                 const int i = i0 + q * GEMV_THREADS;
                 if (i < K8) {
                     X[q] = x4[i];
-                    Z[q] = z4[i];
-                    Wa[q] = nw4[2 * (i % gw)];
-                    Wb[q] = nw4[2 * (i % gw) + 1];
+                    Sa[q] = sz4[2 * i];
+                    Sb[q] = sz4[2 * i + 1];
                 }
             }
 #pragma unroll
             for (int q = 0; q < 2; q++) {
                 const int i = i0 + q * GEMV_THREADS;
                 if (i >= K8) break; /* warp-uniform */
-                float f[8], zf[8];
+                float f[8];
                 unpack8(X[q], f);
-                unpack8(Z[q], zf);
-                const float w[8] = {Wa[q].x, Wa[q].y, Wa[q].z, Wa[q].w, Wb[q].x, Wb[q].y, Wb[q].z, Wb[q].w};
+                const float4 Wa = nw4[2 * (i % gw)], Wb = nw4[2 * (i % gw) + 1];
+                const float w[8] = {Wa.x, Wa.y, Wa.z, Wa.w, Wb.x, Wb.y, Wb.z, Wb.w};
+                const float z[8] = {Sa[q].x, Sa[q].y, Sa[q].z, Sa[q].w, Sb[q].x, Sb[q].y, Sb[q].z, Sb[q].w};
                 float ss = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 8; j++) ss += f[j] * f[j];
@@ -210,7 +214,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                 const float rr = 1.0f / sqrtf(ss / (float)job.gdv + eps);
                 float y[8];
 #pragma unroll
-                for (int j = 0; j < 8; j++) y[j] = bfr(w[j] * bfr(f[j] * rr)) * silu_f(zf[j]);
+                for (int j = 0; j < 8; j++) y[j] = bfr(w[j] * bfr(f[j] * rr)) * z[j];
                 xs[i] = make_uint4(pack_bf(y[0], y[1]), pack_bf(y[2], y[3]), pack_bf(y[4], y[5]),
                                    pack_bf(y[6], y[7])); /* HF: norm(core_attn_out, z) */
             }
@@ -385,7 +389,8 @@ static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_jo
 static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
     const int N = job.N, K = job.K;
     CHECK(K % 8 == 0 && (size_t)K * 4 <= (size_t)cu->info.smem_optin);
-    size_t smem = (size_t)K * 2 * (job.norm_w ? 2 : 1); /* x (and the norm weights) */
+    /* x, and the norm weights (bf16 (K,) or the gated norm's fp32 (gdv,)) */
+    size_t smem = (size_t)K * 2 * (job.norm_w ? 2 : 1) + (job.gnorm_w ? (size_t)job.gdv * 4 : 0);
     const long pairs = job.swiglu ? N : (N + 1) / 2;
     /* the persistent grid: 2 blocks per SM (what shape 3 keeps resident; every shape fits 2),
      * also for the leaner shapes, whose spare registers then let the next kernel start early */
@@ -411,14 +416,14 @@ extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
     launch_gemv(cu, job, eps);
 }
 
-extern "C" void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const uint16_t *z,
+extern "C" void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                                 const float *norm_w, int dv, const uint16_t *W, int N, int K,
                                 float eps) {
     CHECK(dv % 8 == 0 && dv / 8 <= WARP_SIZE && (dv / 8 & (dv / 8 - 1)) == 0 && K % dv == 0 &&
           K % (8 * WARP_SIZE) == 0);
     struct cuda_gemv_job job = {};
     job.out = out, job.x = o, job.W = W, job.N = N, job.K = K, job.accumulate = 1;
-    job.gz = z, job.gnorm_w = norm_w, job.gdv = dv;
+    job.gsz = sz, job.gnorm_w = norm_w, job.gdv = dv;
     launch_gemv(cu, job, eps);
 }
 
