@@ -92,26 +92,18 @@ static void ktrace_report(struct cuda *cu, FILE *f) {
     gpu_memcpy_d2h(t, cu->ktrace, n * sizeof *t, cu->stream);
     if (ng) gpu_memcpy_d2h(g, cu->trace, ng * sizeof *g, cu->stream);
     gpu_stream_sync(cu->stream);
-    double sum[2][8] = {{0}}, bmean[2][8] = {{0}};
+    double sum[2][8] = {{0}};
     int cnt[2] = {0, 0};
     for (int j = 0; j < cu->ktrace_n; j++) {
         const unsigned long long *tj = t + (size_t)j * CUDA_KTRACE_STRIDE;
         unsigned long long ready = ~0ull, mx[CUDA_KTRACE_STAMPS] = {0};
-        double bsum[CUDA_KTRACE_STAMPS] = {0};
-        int bn[CUDA_KTRACE_STAMPS] = {0};
         for (int b = 0; b < cu->ktrace_blocks[j]; b++) {
             const unsigned long long *s = tj + (size_t)b * CUDA_KTRACE_STAMPS;
             if (!s[0]) continue;
             if (s[1] >= s[0] && s[1] < ready) ready = s[1];
             for (int k = 0; k < CUDA_KTRACE_STAMPS; k++)
                 if (s[k] >= s[0] && s[k] > mx[k]) mx[k] = s[k];
-            if (s[1] < s[0]) continue; /* per block: entry -> ready, ready -> each stamp */
-            bsum[0] += (double)(s[1] - s[0]), bn[0]++;
-            for (int k = 2; k < CUDA_KTRACE_STAMPS; k++)
-                if (s[k] >= s[1]) bsum[k - 1] += (double)(s[k] - s[1]), bn[k - 1]++;
         }
-        for (int k = 0; k < CUDA_KTRACE_STAMPS - 1; k++)
-            bmean[cu->ktrace_kind[j]][k] += bn[k] ? bsum[k] / bn[k] : 0.0;
         if (ready == ~0ull) continue;
         int gi = cu->ktrace_gemv[j], kind = cu->ktrace_kind[j];
         double before = 0, after = 0;
@@ -136,9 +128,7 @@ static void ktrace_report(struct cuda *cu, FILE *f) {
         if (!cnt[k]) continue;
         fprintf(f, "| %s (%d) |", names[k], cnt[k]);
         for (int i = 0; i < 6; i++) fprintf(f, " %.2f |", sum[k][i] / cnt[k] / 1e3);
-        fprintf(f, "\n| %s, mean block: entry -> ready, ready -> stamps |", names[k]);
-        for (int i = 0; i < 5; i++) fprintf(f, " %.2f |", bmean[k][i] / cnt[k] / 1e3);
-        fprintf(f, " |\n");
+        fprintf(f, "\n");
     }
     free(t);
     free(g);
@@ -439,10 +429,8 @@ static void op_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
     if (T == 1 && (cu->skip & 2)) return;
     cuda_prof_begin(cu, T == 1 ? "attention (decode)" : "attention (prefill)");
     cuda_attn_prep(cu, c, be->max_ctx, cu->attn_q, qkv, q_norm, k_norm, k_cache, v_cache, pos, T);
-    if (T == 1) {
+    if (T == 1)
         cuda_attn_decode(cu, c, be->max_ctx, out, cu->attn_q, qkv, k_cache, v_cache, pos);
-        cu->after_mixer = 1; /* o_proj: see cuda_gemv_job.early */
-    }
     else
         cuda_attn_prefill(cu, c, be->max_ctx, out, cu->attn_q, qkv, k_cache, v_cache, pos, T);
     cuda_prof_end(cu);
@@ -460,7 +448,6 @@ static void op_gdn(struct backend *be, uint16_t *h, const uint16_t *proj, uint16
         if (!(cu->skip & 1))
             PROF("gdn step", cuda_gdn_step(cu, c, cu->gdn_o, cu->gdn_sz, proj, conv_state, conv_w,
                                            A_log, dt_bias, state, pos));
-        cu->after_mixer = 1;
         PROF("gemv out_proj (gated norm, +residual)",
              cuda_gemv_gated(cu, h, cu->gdn_o, cu->gdn_sz, norm_w, c->linear_value_head_dim, W_out,
                              H, value_dim, c->rms_norm_eps));
@@ -558,8 +545,6 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     if (trace && atoi(trace))
         cu->ktrace = (unsigned long long *)dev_alloc(
             cu, (size_t)CUDA_KTRACE_JOBS * CUDA_KTRACE_STRIDE * 8, "the trace buffer");
-    const char *early = getenv("STRATA_GEMV_EARLY_MIXER");
-    cu->gemv_early_mixer = early ? atoi(early) != 0 : 0;
     const char *achunk = getenv("STRATA_ATTN_CHUNK");
     cu->attn_min_chunk = achunk && atoi(achunk) > 0 ? atoi(achunk) : 32;
     const char *skip = getenv("STRATA_SKIP_DECODE"); /* timing only: 1 gdn step, 2 attention */

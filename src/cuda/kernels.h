@@ -33,7 +33,6 @@ struct cuda_gemv_job {
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
-    int early;                 /* issue the first items (and the L2 requests) before the wait */
     const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
     const float *gnorm_w;      /* its weights (dv,) */
     int gdv;                   /* its head size */
@@ -74,9 +73,6 @@ struct cuda {
     struct cuda_prof prof;
     int gemv_pf_items;        /* STRATA_GEMV_PF: see cuda_gemv_job.pf_items (default 1) */
     int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
-    int after_mixer;          /* the next decode GEMV follows a DeltaNet step / attention kernel */
-    int gemv_early_mixer;     /* STRATA_GEMV_EARLY_MIXER=1: such a GEMV still loads weights before
-                                 its wait (default 0) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */
     int trace_blocks[CUDA_TRACE_JOBS], trace_N[CUDA_TRACE_JOBS], trace_K[CUDA_TRACE_JOBS];

@@ -36,9 +36,6 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
  * 0 .. D-1 are loaded and the next pf_items items of those rows requested into L2 before
  * grid_dependency_wait() (whole rows flood L2 and delay the reads of x behind them when a
  * block has one long row pair); the block lets the next kernel start its blocks at once.
- * Not after a DeltaNet step or attention kernel (job.early = 0): those are chains of dependent
- * small reads, which megabytes of weight reads queued in front of them slow down more than
- * the GEMV gains; there the first items are issued after the wait, beside the staging of x.
  * Bytes: 2 N K weights (4 I K for SwiGLU) + 2 K x per block + 2 N out (x2 with accumulate);
  * FLOPs: 2 N K (+ ~4 K per block for the norm). */
 enum { GEMV_PLAIN, GEMV_SWIGLU, GEMV_GATED }; /* the kernel's mode (GATED: cuda_gemv_gated) */
@@ -98,15 +95,12 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     };
 
     int ip = pb + g, ic = 0; /* next item to issue */
-    const bool early = job.early;
-    if (early) {
 #pragma unroll
-        for (int s = 0; s < D; s++) {
-            issue(s < n_items, ip, ic, A[s], B[s], R0[s], R1[s], false);
-            advance(ip, ic);
-        }
+    for (int s = 0; s < D; s++) {
+        issue(s < n_items, ip, ic, A[s], B[s], R0[s], R1[s], false);
+        advance(ip, ic);
     }
-    if (early && n_items > 0 && pb + g < n_pairs) { /* the next items of the first rows, towards L2 */
+    if (n_items > 0 && pb + g < n_pairs) { /* the next items of the first rows, towards L2 */
         int r0, r1;
         bool has1;
         gemv_rows<SWIGLU>(pb + g, N, r0, r1, has1);
@@ -123,13 +117,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     grid_dependency_wait();
     if (GATED) __syncthreads();
     if (tr) tr[1] = gpu_time_ns();
-    if (!early) {
-#pragma unroll
-        for (int s = 0; s < D; s++) {
-            issue(s < n_items, ip, ic, A[s], B[s], R0[s], R1[s], true);
-            advance(ip, ic);
-        }
-    } else if (!SWIGLU && accumulate && l == 0) { /* residuals of the items issued before the wait */
+    if (!SWIGLU && accumulate && l == 0) { /* residuals of the items issued before the wait */
         int p = pb + g, c = 0;
 #pragma unroll
         for (int s = 0; s < D; s++) {
@@ -413,8 +401,6 @@ static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
     if (cu->gemv_persist && blocks > cap) blocks = cap;
     job.tpr = sh->tpr;
     job.pf_items = cu->gemv_pf_items;
-    job.early = !cu->after_mixer || cu->gemv_early_mixer;
-    cu->after_mixer = 0;
     job.trace = trace_slot(cu, &job, (int)blocks);
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
