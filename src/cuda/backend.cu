@@ -92,18 +92,26 @@ static void ktrace_report(struct cuda *cu, FILE *f) {
     gpu_memcpy_d2h(t, cu->ktrace, n * sizeof *t, cu->stream);
     if (ng) gpu_memcpy_d2h(g, cu->trace, ng * sizeof *g, cu->stream);
     gpu_stream_sync(cu->stream);
-    double sum[2][8] = {{0}};
+    double sum[2][8] = {{0}}, bmean[2][8] = {{0}};
     int cnt[2] = {0, 0};
     for (int j = 0; j < cu->ktrace_n; j++) {
         const unsigned long long *tj = t + (size_t)j * CUDA_KTRACE_STRIDE;
         unsigned long long ready = ~0ull, mx[CUDA_KTRACE_STAMPS] = {0};
+        double bsum[CUDA_KTRACE_STAMPS] = {0};
+        int bn[CUDA_KTRACE_STAMPS] = {0};
         for (int b = 0; b < cu->ktrace_blocks[j]; b++) {
             const unsigned long long *s = tj + (size_t)b * CUDA_KTRACE_STAMPS;
             if (!s[0]) continue;
             if (s[1] >= s[0] && s[1] < ready) ready = s[1];
             for (int k = 0; k < CUDA_KTRACE_STAMPS; k++)
                 if (s[k] >= s[0] && s[k] > mx[k]) mx[k] = s[k];
+            if (s[1] < s[0]) continue; /* per block: entry -> ready, ready -> each stamp */
+            bsum[0] += (double)(s[1] - s[0]), bn[0]++;
+            for (int k = 2; k < CUDA_KTRACE_STAMPS; k++)
+                if (s[k] >= s[1]) bsum[k - 1] += (double)(s[k] - s[1]), bn[k - 1]++;
         }
+        for (int k = 0; k < CUDA_KTRACE_STAMPS - 1; k++)
+            bmean[cu->ktrace_kind[j]][k] += bn[k] ? bsum[k] / bn[k] : 0.0;
         if (ready == ~0ull) continue;
         int gi = cu->ktrace_gemv[j], kind = cu->ktrace_kind[j];
         double before = 0, after = 0;
@@ -128,7 +136,9 @@ static void ktrace_report(struct cuda *cu, FILE *f) {
         if (!cnt[k]) continue;
         fprintf(f, "| %s (%d) |", names[k], cnt[k]);
         for (int i = 0; i < 6; i++) fprintf(f, " %.2f |", sum[k][i] / cnt[k] / 1e3);
-        fprintf(f, "\n");
+        fprintf(f, "\n| %s, mean block: entry -> ready, ready -> stamps |", names[k]);
+        for (int i = 0; i < 5; i++) fprintf(f, " %.2f |", bmean[k][i] / cnt[k] / 1e3);
+        fprintf(f, " |\n");
     }
     free(t);
     free(g);
