@@ -9,7 +9,8 @@
  * near a bf16 rounding boundary may round the other way: one bf16 ulp (2^-8 .. 2^-7 relative),
  * and a flip early in a chain (GDN: o -> norm -> weight) can move a later value by another ulp.
  * bf16 outputs must therefore agree within 2^-6 relative (2^-5 for SwiGLU's product of two
- * rounded factors) + 2^-8 of the output's RMS at every element, and within 5e-3 in relative L2; the fp32 recurrent state within 1e-3 relative
+ * rounded factors) + 2^-8 of the output's RMS (2^-7 for attention, whose softmax weights all
+ * move with a flipped q or k) at every element, and within 5e-3 in relative L2; the fp32 recurrent state within 1e-3 relative
  * L2 (its inputs are identical bf16 values; only summation order and rare conv/SiLU rounding
  * flips differ). */
 #include <math.h>
@@ -40,12 +41,15 @@ static float rnd(float a) {
 }
 static uint16_t *rand_bf16(size_t n, float a) {
     uint16_t *p = xmalloc(n * 2);
-#pragma omp parallel
-    {
-        /* per-thread streams: fast fill of multi-GB tables */
-        uint64_t s = 0x1234567ull + 0x9e3779b97f4a7c15ull * (uint64_t)(rng_next() | 1);
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i++) {
+    /* one stream per 1M-element chunk, seeded from the chunk's index: fast fill of multi-GB
+     * tables in parallel, the same values whatever the thread count or schedule */
+    const size_t CH = (size_t)1 << 20, nch = (n + CH - 1) / CH;
+    const uint64_t base = rng_next();
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < nch; ch++) {
+        uint64_t s = base ^ (0x9e3779b97f4a7c15ull * (uint64_t)(ch + 1));
+        if (!s) s = 1;
+        for (size_t i = ch * CH; i < n && i < (ch + 1) * CH; i++) {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
@@ -321,7 +325,11 @@ static void check_attention(struct pair *p, const struct config *c, const char *
     for (int s = 0; s < steps; s++) {
         snprintf(what, sizeof what, "%s attention T=%d pos=%d%s", tag, T, pos0 + s,
                  graph_steps ? " (graph)" : "");
-        EXPECT(close_bf16(what, res[1][s], res[0][s], nout), "%s", what);
+        /* a k or q value one bf16 ulp apart after its norm and RoPE (summation order) moves a
+         * score by ~2^-8 of itself and every softmax weight with it: an output that is a small
+         * difference of values gets an absolute error of ~2^-8 of their scale, so the absolute
+         * term here is 2^-7 of the RMS (seen: 0.0018 at an RMS of ~0.3 on a 9B prompt) */
+        EXPECT(close_bf16_tol3(what, res[1][s], res[0][s], nout, 1.0 / 64, 1.0 / 128, 5e-3), "%s", what);
         free(res[0][s]), free(res[1][s]);
     }
     snprintf(what, sizeof what, "%s k cache after pos=%d T=%d", tag, pos0, T);

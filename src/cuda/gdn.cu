@@ -18,8 +18,9 @@
  * tokens per block with the state in registers, then the gated RMSNorm. */
 #include "kernels.h"
 
-#define GDN_COLS 16     /* value columns per block */
-#define GDN_THREADS 128 /* 4 warps x 4 columns x 8 lanes */
+#define GDN_COLS 16     /* value columns per block (prefill scan) */
+#define GDN_THREADS 128 /* 4 warps x 4 columns x 8 lanes (scan); the step: 8 or 4 lanes */
+
 #define GDN_CHUNK 32    /* tokens staged in shared memory per scan round */
 
 static __device__ __forceinline__ float softplus_f(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
@@ -39,26 +40,26 @@ static __device__ __forceinline__ void block_sum128x2(float &a, float &b, float 
     b = red[4] + red[5] + red[6] + red[7];
 }
 
-/* One delta-rule step for this thread's column: S (NR rows held here, rows rg + 8 m) <- decayed
- * and updated; returns o_j (valid in every lane of the column's 8-lane group). */
-template <int NR>
+/* One delta-rule step for this thread's column: S (NR rows held here, rows rg + LPC m) <- decayed
+ * and updated; returns o_j (valid in every lane of the column's LPC-lane group). */
+template <int NR, int LPC>
 static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *k, const float *q,
                                                    float dec, float beta, float vj, int rg) {
     float u = 0.0f;
 #pragma unroll
     for (int m = 0; m < NR; m++) {
-        S[m] *= dec;                 /* S <- exp(g) S */
-        u += S[m] * k[rg + 8 * m];   /* u = S^T k */
+        S[m] *= dec;                   /* S <- exp(g) S */
+        u += S[m] * k[rg + LPC * m];   /* u = S^T k */
     }
-    u = group_sum(u, 8);
+    u = group_sum(u, LPC);
     const float delta = beta * (vj - u);
     float o = 0.0f;
 #pragma unroll
     for (int m = 0; m < NR; m++) {
-        S[m] = S[m] + k[rg + 8 * m] * delta; /* S += k delta^T */
-        o += S[m] * q[rg + 8 * m];           /* o = S^T q */
+        S[m] = S[m] + k[rg + LPC * m] * delta; /* S += k delta^T */
+        o += S[m] * q[rg + LPC * m];           /* o = S^T q */
     }
-    return group_sum(o, 8);
+    return group_sum(o, LPC);
 }
 
 /* ---- decode --------------------------------------------------------------------------------
@@ -68,15 +69,16 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
  * input (cuda_gemv_gated), which reads this kernel's bf16 o.
  * Bytes: 8 Hv dk dv (state read + written) + ~2 (conv_dim + value_dim) * 5 (conv window, x, o);
  * FLOPs: ~6 Hv dk dv. */
-template <int NR>
-static __global__ void __launch_bounds__(GDN_THREADS)
+template <int NR, int LPC>
+static __global__ void __launch_bounds__(GDN_THREADS, LPC == 4 ? 5 : 1)
 gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_state,
                 const uint16_t *conv_w, const float *A_log, const float *dt_bias, float *state,
                 const int32_t *pos, int Hk, int Hv, int dv, unsigned long long *tr) {
-    const int dk = NR * 8;
-    __shared__ float sq[NR * 8], sk[NR * 8], sv[GDN_COLS], red[8];
+    constexpr int STEP_COLS = GDN_THREADS / LPC; /* value columns per block */
+    const int dk = NR * LPC;
+    __shared__ float sq[NR * LPC], sk[NR * LPC], sv[STEP_COLS], red[8];
     __shared__ float sbeta, sdec;
-    const int v = blockIdx.x, col0 = blockIdx.y * GDN_COLS;
+    const int v = blockIdx.x, col0 = blockIdx.y * STEP_COLS;
     const int r = Hv / Hk, kh = v / r;
     const int key_dim = Hk * dk, conv_dim = 2 * key_dim + Hv * dv, value_dim = Hv * dv;
     const int tid = threadIdx.x;
@@ -87,17 +89,17 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
      * sum is formed in the same order as before), the gate constants. */
     grid_launch_dependents();
     ktrace_stamp(tr, 0);
-    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, c = lane / 8, rg = lane % 8;
-    const int cl = wid * 4 + c, col = col0 + cl;
+    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, c = lane / LPC, rg = lane % LPC;
+    const int cl = wid * (WARP_SIZE / LPC) + c, col = col0 + cl;
     float *Sg = state + (size_t)v * dk * dv + col;
     float S[NR];
 #pragma unroll
-    for (int m = 0; m < NR; m++) S[m] = Sg[(size_t)(rg + 8 * m) * dv];
+    for (int m = 0; m < NR; m++) S[m] = Sg[(size_t)(rg + LPC * m) * dv];
     const int p = *pos; /* uploaded before the step */
     const int c1 = (p + 1) & 3, c2 = (p + 2) & 3, c3 = (p + 3) & 3, cnew = p & 3; /* p-3, p-2, p-1, p */
     const bool qk_writer = v % r == 0 && blockIdx.y == 0;
 
-    constexpr int QIT = (NR * 8 + GDN_THREADS - 1) / GDN_THREADS;
+    constexpr int QIT = (NR * LPC + GDN_THREADS - 1) / GDN_THREADS;
     float qy[QIT], ky[QIT], w3[2][QIT];
 #pragma unroll
     for (int it = 0; it < QIT; it++) {
@@ -118,7 +120,7 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
         }
     }
     float vacc = 0.0f, vw3 = 0.0f;
-    if (tid < GDN_COLS) {
+    if (tid < STEP_COLS) {
         int ch = 2 * key_dim + v * dv + col0 + tid;
         const uint16_t *st = conv_state + (size_t)ch * 4;
         const uint16_t *w = conv_w + (size_t)ch * 4;
@@ -133,16 +135,18 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
          * their state and conv window in L2: each block asks for those of the block half a grid
          * away */
         const int nb = gridDim.x * gridDim.y, self = blockIdx.y * gridDim.x + blockIdx.x;
-        const int other = (self + nb / 2) % nb, ov = other % gridDim.x, oc0 = other / gridDim.x * GDN_COLS;
+        const int other = (self + nb / 2) % nb, ov = other % gridDim.x, oc0 = other / gridDim.x * STEP_COLS;
         const int okh = ov / r, lines = dk / 16; /* 128-byte lines of dk channels' 4-tap rows */
         if (tid < dk) prefetch_l2(state + ((size_t)ov * dk + tid) * dv + oc0);
+        constexpr int vlines = STEP_COLS * 8 / 128; /* the value channels' 4-tap rows */
         if (tid < 4 * lines) { /* q and k: window, weights */
             const int part = tid / lines % 2, ln = tid % lines;
             const uint16_t *base = tid < 2 * lines ? conv_state : conv_w;
             prefetch_l2(base + (size_t)(part * key_dim + okh * dk) * 4 + ln * 64);
-        } else if (tid < 4 * lines + 2) { /* the value channels: window, weights */
-            const uint16_t *base = tid == 4 * lines ? conv_state : conv_w;
-            prefetch_l2(base + (size_t)(2 * key_dim + ov * dv + oc0) * 4);
+        } else if (tid < 4 * lines + 2 * vlines) { /* the value channels: window, weights */
+            const int j = tid - 4 * lines;
+            const uint16_t *base = j < vlines ? conv_state : conv_w;
+            prefetch_l2(base + (size_t)(2 * key_dim + ov * dv + oc0) * 4 + (j % vlines) * 64);
         }
     }
     grid_dependency_wait();
@@ -174,7 +178,7 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     }
     /* 2. this block's value channels (owned by this block alone), and silu(z) of its columns
      * for the gated norm in the out_proj GEMV */
-    if (tid < GDN_COLS) {
+    if (tid < STEP_COLS) {
         int ch = 2 * key_dim + v * dv + col0 + tid;
         uint16_t x = proj[ch];
         sz[v * dv + col0 + tid] = silu_f(bf2f(proj[conv_dim + v * dv + col0 + tid])); /* HF: silu(z) */
@@ -206,11 +210,11 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
 
     /* 4. the delta rule on this thread's column; o to the out_proj GEMV as bf16 (the norm
      * rounds it so), the state back */
-    float o = delta_step<NR>(S, sk, sq, sdec, sbeta, sv[cl], rg);
+    float o = delta_step<NR, LPC>(S, sk, sq, sdec, sbeta, sv[cl], rg);
     if (rg == 0) obuf[(size_t)v * dv + col] = f2bf(o);
     ktrace_stamp(tr, 3);
 #pragma unroll
-    for (int m = 0; m < NR; m++) Sg[(size_t)(rg + 8 * m) * dv] = S[m];
+    for (int m = 0; m < NR; m++) Sg[(size_t)(rg + LPC * m) * dv] = S[m];
 }
 
 /* ---- prefill -------------------------------------------------------------------------------- */
@@ -305,7 +309,7 @@ gdn_scan_kernel(uint16_t *o_out, float *state, const float *qk, const uint16_t *
         }
         __syncthreads();
         for (int tt = 0; tt < n; tt++) {
-            float o = delta_step<NR>(S, sk[tt], sq[tt], sd[tt], sb[tt], sv[tt][cl], rg);
+            float o = delta_step<NR, 8>(S, sk[tt], sq[tt], sd[tt], sb[tt], sv[tt][cl], rg);
             if (rg == 0) o_out[((size_t)(t0 + tt) * Hv + v) * dv + col] = f2bf(o);
         }
     }
@@ -340,27 +344,41 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 
-template <int NR>
+template <int DK, int LPC>
 static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                         const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                         const float *A_log, const float *dt_bias, float *state, const int32_t *pos) {
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
-    dim3 grid(Hv, dv / GDN_COLS);
-    gpu_launch(cu->pdl, gdn_step_kernel<NR>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf, sz, proj,
-               conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads, Hv, dv,
-               cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)));
+    CHECK(dv % (GDN_THREADS / LPC) == 0);
+    dim3 grid(Hv, dv / (GDN_THREADS / LPC));
+    gpu_launch(cu->pdl, gdn_step_kernel<DK / LPC, LPC>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf,
+               sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads,
+               Hv, dv, cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)));
     cu->n_launches++;
+}
+
+/* STRATA_GDN_LPC=4: 4 lanes per state column, 32 columns per block (half the blocks, about 80
+ * registers each); default 8 lanes, 16 columns. */
+template <int DK>
+static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
+                            const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
+                            const float *A_log, const float *dt_bias, float *state,
+                            const int32_t *pos) {
+    if (cu->gdn_lpc == 4)
+        launch_step<DK, 4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);
+    else
+        launch_step<DK, 8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);
 }
 
 extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                               const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                               const float *A_log, const float *dt_bias, float *state,
                               const int32_t *pos) {
-    CHECK(c->linear_value_head_dim % GDN_COLS == 0 && c->linear_conv_kernel_dim == 4);
+    CHECK(c->linear_conv_kernel_dim == 4);
     switch (c->linear_key_head_dim) {
-    case 32: launch_step<4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
-    case 64: launch_step<8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
-    case 128: launch_step<16>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 32: launch_step_lpc<32>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 64: launch_step_lpc<64>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 128: launch_step_lpc<128>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
 }
