@@ -556,7 +556,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
         cu->ktrace = (unsigned long long *)dev_alloc(
             cu, (size_t)CUDA_KTRACE_JOBS * CUDA_KTRACE_STRIDE * 8, "the trace buffer");
     const char *lpc = getenv("STRATA_GDN_LPC");
-    cu->gdn_lpc = lpc && atoi(lpc) == 4 ? 4 : 8;
+    cu->gdn_lpc = lpc && (atoi(lpc) == 4 || atoi(lpc) == 8) ? atoi(lpc) : 0; /* 0: by the model */
     const char *achunk = getenv("STRATA_ATTN_CHUNK");
     cu->attn_min_chunk = achunk && atoi(achunk) > 0 ? atoi(achunk) : 32;
     const char *skip = getenv("STRATA_SKIP_DECODE"); /* timing only: 1 gdn step, 2 attention */

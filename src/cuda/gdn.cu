@@ -357,14 +357,19 @@ static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf,
     cu->n_launches++;
 }
 
-/* STRATA_GDN_LPC=4: 4 lanes per state column, 32 columns per block (half the blocks, about 80
- * registers each); default 8 lanes, 16 columns. */
+/* Lanes per state column: 8 (16 columns per block) while those blocks fit one per SM, else 4
+ * (32 columns per block, half the blocks): blocks beyond one per SM start only as the in_proj
+ * GEMV's blocks leave, and their late start was the step's critical path (run 4: the 4B step
+ * 5.7 -> 2.2 us, tg128 +2.5%; the 0.8B, 128 blocks, lost 1.3% with 4). STRATA_GDN_LPC=4|8
+ * forces one. */
 template <int DK>
 static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                             const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                             const float *A_log, const float *dt_bias, float *state,
                             const int32_t *pos) {
-    if (cu->gdn_lpc == 4)
+    const int lpc = cu->gdn_lpc ? cu->gdn_lpc
+                  : (long)c->linear_num_value_heads * c->linear_value_head_dim / 16 <= cu->info.n_sm ? 8 : 4;
+    if (lpc == 4)
         launch_step<DK, 4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);
     else
         launch_step<DK, 8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);

@@ -95,7 +95,8 @@ struct cuda {
     uint16_t *attn_q;  /* (max_T, nH, hd) normalised, rotated queries */
     float *attn_part;  /* (nH, attn_splits, hd + 2) split-KV partials: acc, max, sum */
     int attn_splits;
-    int gdn_lpc;        /* decode DeltaNet step: lanes per state column (STRATA_GDN_LPC, 8 or 4) */
+    int gdn_lpc;        /* decode DeltaNet step: lanes per state column (STRATA_GDN_LPC=8|4; 0:
+                           chosen from the model, gdn.cu) */
     int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 32) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
                                                  cuda_attn_decode, which folds the prep in */
