@@ -6,6 +6,7 @@
 #define STRATA_CUDA_GPU_H
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -213,19 +214,19 @@ static __device__ __forceinline__ int shfl_xor_int(int v, int o) {
     return __shfl_xor_sync(FULL_MASK, v, o);
 }
 
-/* bf16 bits <-> fp32; rounding is round-to-nearest-even, NaN kept quiet (as util.h) */
+/* bf16 bits <-> fp32; rounding is round-to-nearest-even (as util.h) */
 static __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 static __device__ __forceinline__ uint16_t f2bf(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    /* the hardware conversion (one instruction; NaN comes out as the canonical 0x7fff, not
+     * util.h's quieted payload) */
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 static __device__ __forceinline__ float bfr(float f) { return bf2f(f2bf(f)); }
 static __device__ __forceinline__ float lo_bf(uint32_t w) { return __uint_as_float(w << 16); }
 static __device__ __forceinline__ float hi_bf(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 static __device__ __forceinline__ uint32_t pack_bf(float lo, float hi) {
-    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+    const __nv_bfloat162 v = __float22bfloat162_rn(make_float2(lo, hi)); /* .x: the low half */
+    return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
 }
 /* 8 bf16 in a 16-byte word -> fp32 */
 static __device__ __forceinline__ void unpack8(uint4 v, float *f) {
