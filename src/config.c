@@ -342,6 +342,11 @@ int config_parse(struct config *c, const char *json, size_t len, const char *pat
                   path, cx.prefix, c->num_attention_heads, c->num_key_value_heads);
         goto fail;
     }
+    if (c->linear_conv_kernel_dim > 8) { /* published: 4; the backends' window buffers hold 8 */
+        error_set(err, "%s: %slinear_conv_kernel_dim %d: at most 8 supported", path, cx.prefix,
+                  c->linear_conv_kernel_dim);
+        goto fail;
+    }
     if (c->linear_num_value_heads % c->linear_num_key_heads) {
         error_set(err, "%s: %slinear_num_value_heads %d is not a multiple of "
                   "linear_num_key_heads %d", path, cx.prefix, c->linear_num_value_heads,

@@ -387,6 +387,8 @@ def build():
         [C + "text_config.num_attention_heads 2 is not a multiple of num_key_value_heads 3"])
     cfg("cfg_linear_heads_not_multiple", dumps_config(nested_config(linear_num_value_heads=3)),
         [C + "text_config.linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2"])
+    cfg("cfg_conv_kernel_range", dumps_config(nested_config(linear_conv_kernel_dim=9)),
+        [C + "text_config.linear_conv_kernel_dim 9: at most 8 supported"])
     cfg("cfg_layer_types_length", dumps_config(nested_config(layer_types=LAYER_TYPES[:3])),
         [C + "text_config.layer_types: expected 4 entries (num_hidden_layers), found 3"])
     cfg("cfg_layer_types_unknown",
