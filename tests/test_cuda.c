@@ -1,5 +1,6 @@
 /* test_cuda.c - every CUDA op against the CPU backend (the executable specification) on random,
- * non-zero data at the real 0.8B / 4B / 9B dimensions, both the decode (T = 1) and the batched
+ * non-zero data at the real 0.8B / 4B / 9B dimensions and the bundled demo model's (far smaller:
+ * the paths for small shapes), both the decode (T = 1) and the batched
  * (T > 1) paths, split-KV attention deep into the context (4,000 and the last slot of a 32k
  * cache), a graph replayed at new positions, and argmax ties. Output buffers are poisoned with NaN before every op so an unwritten element
  * fails. Without a usable GPU it prints "skipped: <reason>" and "0 passed, 0 failed".
@@ -66,7 +67,7 @@ static float *rand_f32(size_t n, float a) {
     return p;
 }
 
-/* ---- configs of the real sizes (qwen35-model.md 1.3) ---------------------------------------- */
+/* ---- configs of the real sizes (qwen35-model.md 1.3) and of the bundled demo model ----------- */
 
 static struct config make_config(const char *size) {
     struct config c;
@@ -88,6 +89,14 @@ static struct config make_config(const char *size) {
     } else if (!strcmp(size, "4B")) {
         c.hidden_size = 2560, c.intermediate_size = 9216, c.num_hidden_layers = 32;
         c.num_attention_heads = 16, c.num_key_value_heads = 4, c.linear_num_value_heads = 32;
+        c.tie_word_embeddings = 1;
+    } else if (!strcmp(size, "demo")) { /* demo/config.json: shapes far below the real ones */
+        c.vocab_size = 151936;
+        c.hidden_size = 64, c.intermediate_size = 256, c.num_hidden_layers = 8;
+        c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64;
+        c.linear_key_head_dim = c.linear_value_head_dim = 32;
+        c.linear_num_key_heads = 2, c.linear_num_value_heads = 2;
+        c.max_position_embeddings = 32768;
         c.tie_word_embeddings = 1;
     } else {
         c.hidden_size = 4096, c.intermediate_size = 12288, c.num_hidden_layers = 32;
@@ -536,8 +545,8 @@ int main(int argc, char **argv) {
         return TEST_DONE();
     }
     probe->ops->destroy(probe);
-    const char *sizes[] = {"0.8B", "4B", "9B"};
-    for (int i = 0; i < 3; i++) {
+    const char *sizes[] = {"0.8B", "4B", "9B", "demo"};
+    for (int i = 0; i < 4; i++) {
         if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;
         check_size(sizes[i]);
         if (i < 2) check_long(sizes[i]);

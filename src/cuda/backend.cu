@@ -458,9 +458,15 @@ static void op_gdn(struct backend *be, uint16_t *h, const uint16_t *proj, uint16
         if (!(cu->skip & 1))
             PROF("gdn step", cuda_gdn_step(cu, c, cu->gdn_o, cu->gdn_sz, proj, conv_state, conv_w,
                                            A_log, dt_bias, state, pos));
-        PROF("gemv out_proj (gated norm, +residual)",
-             cuda_gemv_gated(cu, h, cu->gdn_o, cu->gdn_sz, norm_w, c->linear_value_head_dim, W_out,
-                             H, value_dim, c->rms_norm_eps));
+        if (cuda_gemv_gated_ok(value_dim, c->linear_value_head_dim)) {
+            PROF("gemv out_proj (gated norm, +residual)",
+                 cuda_gemv_gated(cu, h, cu->gdn_o, cu->gdn_sz, norm_w, c->linear_value_head_dim,
+                                 W_out, H, value_dim, c->rms_norm_eps));
+        } else { /* small shapes (the demo model): the norm as its own kernel, a plain GEMV */
+            PROF("gdn norm", cuda_gdn_norm(cu, c, cu->xn, proj, norm_w, 1));
+            PROF("gemv (+residual)", cuda_gemv(cu, h, cu->xn, NULL, W_out, H, value_dim,
+                                               c->rms_norm_eps, 1, 0));
+        }
         return;
     }
     CHECK((size_t)T * value_dim <= cu->xn_elems);

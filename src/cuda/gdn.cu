@@ -418,9 +418,17 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
     case 128: launch_scan<16>(cu, c, state, T); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
+    cu->n_launches += 3;
+    cuda_gdn_norm(cu, c, out, proj, norm_w, T);
+}
+
+extern "C" void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t *out,
+                              const uint16_t *proj, const float *norm_w, int T) {
+    int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim, conv_dim = c->conv_dim;
+    size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
     int items = T * Hv;
     gdn_norm_kernel<<<(items + 7) / 8, 256, 0, cu->stream>>>(out, cu->gdn_o, proj, norm_w, T, Hv, dv,
                                                              conv_dim, row, c->rms_norm_eps);
     GPU_LAUNCHED();
-    cu->n_launches += 4;
+    cu->n_launches++;
 }

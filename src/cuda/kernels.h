@@ -147,6 +147,7 @@ void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t
                const uint16_t *W, int N, int K, float eps, int accumulate, int swiglu);
 /* out (N,) = bf16(out + bf16(x W^T)) where x = the DeltaNet gated RMSNorm of o (K,) bf16, per
  * head of dv values: bf16(bf16(norm_w * bf16(o * rsqrt(mean(o^2) + eps))) * sz), sz = silu(z). */
+int cuda_gemv_gated_ok(int K, int dv); /* the shapes cuda_gemv_gated takes */
 void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                      const float *norm_w, int dv, const uint16_t *W, int N, int K, float eps);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
@@ -173,6 +174,9 @@ void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uin
 void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz, const uint16_t *proj,
                    uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
                    const float *dt_bias, float *state, const int32_t *pos);
+/* out (T, value_dim) = the gated RMSNorm of cu->gdn_o (the step's or the scan's o) with z. */
+void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
+                   const float *norm_w, int T);
 void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
                       uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
                       const float *dt_bias, const float *norm_w, float *state, const int32_t *pos,

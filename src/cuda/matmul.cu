@@ -416,11 +416,17 @@ extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
     launch_gemv(cu, job, eps);
 }
 
+/* A head's words are an aligned group of lanes, and whole warps stage (every lane takes part in
+ * the group sums): dv / 8 a power of two up to the warp, K a multiple of 8 warp-widths. */
+extern "C" int cuda_gemv_gated_ok(int K, int dv) {
+    return dv % 8 == 0 && dv / 8 <= WARP_SIZE && (dv / 8 & (dv / 8 - 1)) == 0 && K % dv == 0 &&
+           K % (8 * WARP_SIZE) == 0;
+}
+
 extern "C" void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                                 const float *norm_w, int dv, const uint16_t *W, int N, int K,
                                 float eps) {
-    CHECK(dv % 8 == 0 && dv / 8 <= WARP_SIZE && (dv / 8 & (dv / 8 - 1)) == 0 && K % dv == 0 &&
-          K % (8 * WARP_SIZE) == 0);
+    CHECK(cuda_gemv_gated_ok(K, dv));
     struct cuda_gemv_job job = {};
     job.out = out, job.x = o, job.W = W, job.N = N, job.K = K, job.accumulate = 1;
     job.gsz = sz, job.gnorm_w = norm_w, job.gdv = dv;
