@@ -132,3 +132,17 @@ char *read_file(const char *path, size_t *len_out, struct error *err) {
     if (!buf) error_set(err, "%s: read error", path);
     return buf;
 }
+
+int env_int(const char *name, int def, int lo, int hi) {
+    const char *v = getenv(name);
+    if (!v) return def;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "strata: ignoring %s=\"%s\": expected an integer from %d to %d (using %d)\n",
+                name, v, lo, hi, def);
+        return def;
+    }
+    return (int)x;
+}

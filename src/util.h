@@ -60,6 +60,10 @@ char *strbuf_take(struct strbuf *b);
 /* Monotonic wall clock in milliseconds. */
 double now_ms(void);
 
+/* The integer in environment variable `name` if it is one in [lo, hi]; `def` when unset, and
+ * when malformed or out of range (then with a warning on stderr naming the variable). */
+int env_int(const char *name, int def, int lo, int hi);
+
 /* Reads a whole stream (e.g. stdin) into a NUL-terminated buffer; NULL on a read error. */
 char *read_stream(FILE *f, size_t *len_out);
 /* Reads a whole file into a NUL-terminated buffer; returns NULL and fills err on failure. */

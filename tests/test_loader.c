@@ -631,6 +631,23 @@ static void test_fuzz(void) {
     free(cfg);
 }
 
+/* env_int: the settings read from the environment (the CUDA backend's measuring switches) */
+static void test_env_int(void) {
+    const char *name = "STRATA_TEST_ENV_INT";
+    unsetenv(name);
+    EXPECT(env_int(name, 7, 0, 9) == 7, "unset: the default");
+    struct { const char *v; int want; } c[] = {
+        {"5", 5}, {"-1", -1}, {"0", 0}, {"9", 9}, {"10", 7}, {"-2", 7}, {"abc", 7}, {"5x", 7},
+        {"", 7}, {" 3", 3}, {"99999999999999999999", 7},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        setenv(name, c[i].v, 1);
+        int got = env_int(name, 7, -1, 9);
+        EXPECT(got == c[i].want, "env_int(\"%s\") = %d, want %d", c[i].v, got, c[i].want);
+    }
+    unsetenv(name);
+}
+
 int main(void) {
     const char *env = getenv("STRATA_BAD_DIR");
     if (env) {
@@ -649,6 +666,7 @@ int main(void) {
         return 1;
     }
     test_config();
+    test_env_int();
     test_safetensors();
     test_corpus();
     test_fuzz();

@@ -546,27 +546,24 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     be->impl = cu;
     gpu_get_info(&cu->info);
     gpu_stream_create(&cu->stream);
-    const char *pdl = getenv("STRATA_PDL");
-    cu->pdl = pdl ? atoi(pdl) != 0 : 1;
-    const char *persist = getenv("STRATA_GEMV_PERSIST");
-    cu->gemv_persist = persist ? atoi(persist) != 0 : 1;
-    const char *gpf = getenv("STRATA_GEMV_PF");
-    cu->gemv_pf_items = gpf ? atoi(gpf) : 1;
-    const char *shape = getenv("STRATA_GEMV_SHAPE");
-    cu->gemv_shape = shape ? atoi(shape) : -1;
-    const char *trace = getenv("STRATA_TRACE");
-    if (trace && atoi(trace))
+    /* measuring switches (README "CUDA notes"); a malformed value is reported and ignored */
+    cu->pdl = env_int("STRATA_PDL", 1, 0, 1);
+    cu->gemv_persist = env_int("STRATA_GEMV_PERSIST", 1, 0, 1);
+    cu->gemv_pf_items = env_int("STRATA_GEMV_PF", 1, -1, 1 << 20);
+    cu->gemv_shape = env_int("STRATA_GEMV_SHAPE", -1, -1, CUDA_GEMV_SHAPES - 1);
+    if (env_int("STRATA_TRACE", 0, 0, 1)) {
         cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,
                                                     "the trace buffer");
-    if (trace && atoi(trace))
         cu->ktrace = (unsigned long long *)dev_alloc(
             cu, (size_t)CUDA_KTRACE_JOBS * CUDA_KTRACE_STRIDE * 8, "the trace buffer");
-    const char *lpc = getenv("STRATA_GDN_LPC");
-    cu->gdn_lpc = lpc && (atoi(lpc) == 4 || atoi(lpc) == 8) ? atoi(lpc) : 0; /* 0: by the model */
-    const char *achunk = getenv("STRATA_ATTN_CHUNK");
-    cu->attn_min_chunk = achunk && atoi(achunk) > 0 ? atoi(achunk) : 32;
-    const char *skip = getenv("STRATA_SKIP_DECODE"); /* timing only: 1 gdn step, 2 attention */
-    cu->skip = skip ? atoi(skip) : 0;
+    }
+    cu->gdn_lpc = env_int("STRATA_GDN_LPC", 0, 0, 8); /* 0: by the model (gdn.cu) */
+    if (cu->gdn_lpc && cu->gdn_lpc != 4 && cu->gdn_lpc != 8) {
+        fprintf(stderr, "strata: ignoring STRATA_GDN_LPC=%d: expected 4 or 8\n", cu->gdn_lpc);
+        cu->gdn_lpc = 0;
+    }
+    cu->attn_min_chunk = env_int("STRATA_ATTN_CHUNK", 32, 1, 1 << 20);
+    cu->skip = env_int("STRATA_SKIP_DECODE", 0, 0, 3); /* timing only: 1 gdn step, 2 attention */
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);
     size_t ws = (size_t)32 << 20;
     cu->blas_ws = dev_alloc(cu, ws, "the cuBLAS workspace");
