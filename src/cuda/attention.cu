@@ -160,8 +160,10 @@ static __device__ void merge_slots(const float *part_h, size_t hstride, size_t s
         if (lane == 0) MLs[2 * gi] = M, MLs[2 * gi + 1] = L;
     }
     __syncthreads();
-    /* every load of this thread's elements (at most G: G hd <= G * 256 threads) in flight at once,
-     * predicated past cnt, then summed in slot order */
+    /* this thread's elements (at most G: G hd <= G * 256 threads), summed in slot order. Meant
+     * to have every load in flight at once, but each slot's loads are used right away, so the
+     * compiled code waits one L2 round trip per slot (PTX); loading all slots first costs 48
+     * bytes of spill at G = 4 and is not measured yet */
     float Av[G], gt[G];
 #pragma unroll
     for (int k = 0; k < G; k++) {
