@@ -25,7 +25,7 @@
 
 static __device__ __forceinline__ float softplus_f(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
 
-/* two sums over the 128 threads at once (each in block_sum128's order); red: 8 floats */
+/* two sums over the 128 threads at once (warp sums, then the 4 warps in order); red: 8 floats */
 static __device__ __forceinline__ void block_sum128x2(float &a, float &b, float *red) {
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     a = warp_sum(a);
