@@ -162,8 +162,8 @@ static __device__ void merge_slots(const float *part_h, size_t hstride, size_t s
     __syncthreads();
     /* this thread's elements (at most G: G hd <= G * 256 threads), summed in slot order. Meant
      * to have every load in flight at once, but each slot's loads are used right away, so the
-     * compiled code waits one L2 round trip per slot (PTX); loading all slots first costs 48
-     * bytes of spill at G = 4 and is not measured yet */
+     * compiled code waits one L2 round trip per slot (PTX); loading all slots first (48 bytes
+     * of spill at G = 4) measured no faster (bench/RESULTS.md run 27) */
     float Av[G], gt[G];
 #pragma unroll
     for (int k = 0; k < G; k++) {
