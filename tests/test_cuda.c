@@ -506,6 +506,18 @@ static void check_size(const char *size) {
     check_attention(&p, &c, size, max_ctx, 40, 1, 5);   /* graph replayed at 41..44 */
     check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
     check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
+    check_attention(&p, &c, size, max_ctx, 252, 1, 8);  /* one graph across the short kernel's end */
+    { /* the split kernel at short contexts too */
+        setenv("STRATA_ATTN_SHORT", "0", 1);
+        struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
+        unsetenv("STRATA_ATTN_SHORT");
+        CHECK(q.gpu);
+        char t[48];
+        snprintf(t, sizeof t, "%s split only", size);
+        check_attention(&q, &c, t, max_ctx, 1, 1, 0);
+        check_attention(&q, &c, t, max_ctx, 40, 1, 5);
+        q.gpu->ops->destroy(q.gpu);
+    }
 
     check_gdn(&p, &c, size, 1, 4, 0, 0);
     check_gdn(&p, &c, size, 1, 5, 0, 7);

@@ -3,10 +3,11 @@
  * (tables built at creation exactly as the CPU computes them), K/V appended to the bf16 cache at
  * *pos, causal GQA softmax attention in fp32, then bf16(o) * bf16(sigmoid(gate)).
  *
- * Decode is one kernel per layer: split-KV (flash-decoding) over a fixed grid of (nKV, splits)
- * blocks whose chunk size follows *pos on the device, so one captured graph serves every
- * position and any context; the q/k norm, RoPE and K/V append run in it, and the partial
- * softmaxes merge in its last blocks (last-block counters). Prefill gives each (token, KV head) a warp that
+ * Decode is two kernels per layer, each idle at the other's positions (both read *pos on the
+ * device, so one captured graph serves every position and any context): up to SHORT_MAX keys a
+ * block per query head walks every key; beyond, split-KV (flash-decoding) over a fixed grid of
+ * (nKV, splits) blocks whose chunk size follows *pos, the partial softmaxes merged in its last
+ * blocks (last-block counters). The q/k norm, RoPE and K/V append run in both. Prefill gives each (token, KV head) a warp that
  * walks its keys with an online softmax for the G query heads sharing that KV head. The
  * softmax is online (rescaled running sums) rather than cpu.c's two passes: equal up to fp32
  * rounding. */
@@ -249,8 +250,8 @@ static __global__ void __launch_bounds__(ATTN_WARPS *WARP_SIZE, 2)
 attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qkv,
                    const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
                    uint16_t *v_cache, const uint16_t *rope_cos, const uint16_t *rope_sin,
-                   const int32_t *pos, int nsplit, int min_chunk, int hd, int rot, int max_ctx,
-                   float scale, float eps, unsigned long long *tr) {
+                   const int32_t *pos, int nsplit, int min_chunk, int short_max, int hd, int rot,
+                   int max_ctx, float scale, float eps, unsigned long long *tr) {
     extern __shared__ float sm[];
     float *wsm = sm;                                   /* (ATTN_WARPS, G, hd + 2) warp partials */
     uint4 *qs = (uint4 *)(wsm + (size_t)ATTN_WARPS * G * (hd + 2)); /* (G, 32) q, packed bf16 */
@@ -264,6 +265,10 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
     const int p = *pos; /* uploaded before the step: readable before the wait */
     int n = p + 1;
     if (n > max_ctx) n = max_ctx;
+    if (n <= short_max) { /* attn_short_kernel's positions */
+        grid_dependency_wait();
+        return;
+    }
     int chunk = (n + nsplit - 1) / nsplit;
     if (chunk < min_chunk) chunk = min_chunk;
     const int nact = (n + chunk - 1) / chunk;
@@ -463,6 +468,151 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
     ktrace_stamp(tr, 5);
 }
 
+/* ---- decode, short contexts: one block per query head ---------------------------------------
+ * While n = *pos + 1 <= SHORT_MAX, the split kernel's chain after the keys (partials, fence,
+ * counter, merge: several dependent L2 round trips) costs more than the keys themselves. Here a
+ * block per query head walks every key with SHORT_WARPS warps, SHORT_U keys per group (the first
+ * group loaded before the wait, the next group's K issued before this group's softmax, its V
+ * before the next scores); each warp normalises and rotates q itself in registers (no barrier),
+ * the warp holding *pos also the new key (block gi == 0 of a KV head appends it to the cache),
+ * and the warps merge in shared memory into the gated output. K/V are read by the G blocks of a
+ * KV head (L2 after the first). The split kernel launched next does nothing at these positions
+ * and this one nothing past them; both wait for their predecessor before leaving, so each
+ * kernel still completes after the one before it.
+ * Bytes: 4 nH n hd of K/V (mostly L2); FLOPs: ~4 nH n hd. */
+#define SHORT_WARPS 16
+#define SHORT_U 4
+#define SHORT_MAX (SHORT_WARPS * SHORT_U * 4) /* at most 4 groups per warp */
+
+static __global__ void __launch_bounds__(SHORT_WARPS *WARP_SIZE, 1)
+attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
+                  const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
+                  const uint16_t *rope_cos, const uint16_t *rope_sin, const int32_t *pos, int G,
+                  int hd, int rot, int max_ctx, float scale, float eps, unsigned long long *tr) {
+    __shared__ float wsm[SHORT_WARPS][256 + 2]; /* per warp: acc (hd), max, sum */
+    const int h = blockIdx.x, nH = gridDim.x, nKV = nH / G, kvh = h / G, gi = h % G;
+    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    grid_launch_dependents();
+    ktrace_stamp(tr, 0);
+    const int p = *pos; /* uploaded before the step: readable before the wait */
+    const int n = min(p + 1, max_ctx);
+    if (n > SHORT_MAX) { /* the split kernel's positions */
+        grid_dependency_wait();
+        return;
+    }
+    const int sub = (n + SHORT_WARPS - 1) / SHORT_WARPS, a = wid * sub, b = min(n, a + sub);
+    const size_t kvbase = (size_t)kvh * max_ctx * hd;
+    const uint16_t *kc = k_cache + kvbase, *vc = v_cache + kvbase;
+    const bool on = lane * 8 < hd;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    /* 1. before the wait: this warp's first keys (rows < p, written by earlier steps), the rest
+     * of its rows towards L2, the norm weights and this position's RoPE row */
+    uint4 kk[SHORT_U], vv[SHORT_U];
+#pragma unroll
+    for (int u = 0; u < SHORT_U; u++) {
+        const int j = a + u;
+        const bool ok = on && j < b && j < p;
+        kk[u] = ok ? *(const uint4 *)(kc + (size_t)j * hd + lane * 8) : zero;
+        vv[u] = ok ? *(const uint4 *)(vc + (size_t)j * hd + lane * 8) : zero;
+    }
+    prefetch_rows(kc, vc, hd, a + SHORT_U, min(b, p));
+    const bool has_p = p < max_ctx && a <= p && p < b; /* warp-uniform */
+    const int pr = min(p, max_ctx - 1);
+    const int half = rot / 2, j0 = lane * 8 < half ? lane * 8 : lane * 8 - half;
+    const uint4 qw = on ? *(const uint4 *)(q_norm + lane * 8) : zero;
+    const uint4 kw = on && has_p ? *(const uint4 *)(k_norm + lane * 8) : zero;
+    const bool rotated = lane * 8 < rot;
+    const uint4 cw = rotated ? *(const uint4 *)(rope_cos + (size_t)pr * half + j0) : zero;
+    const uint4 sw = rotated ? *(const uint4 *)(rope_sin + (size_t)pr * half + j0) : zero;
+    grid_dependency_wait(); /* qkv comes from the GEMV before */
+    ktrace_stamp(tr, 1);
+
+    /* 2. q (and, in the warp holding p, the new K/V row) in registers; this thread's gate */
+    const uint16_t *qsrc = qkv + (size_t)h * 2 * hd; /* q, then the output gate */
+    const size_t kv_off = (size_t)2 * nH * hd + (size_t)kvh * hd;
+    const uint4 xq = on ? *(const uint4 *)(qsrc + lane * 8) : zero;
+    const float gate = (int)threadIdx.x < hd ? bf2f(qsrc[hd + threadIdx.x]) : 0.0f;
+    uint4 kp = zero, vp = zero;
+    if (has_p) {
+        const uint4 xk = on ? *(const uint4 *)(qkv + kv_off + lane * 8) : zero;
+        vp = on ? *(const uint4 *)(qkv + kv_off + (size_t)nKV * hd + lane * 8) : zero;
+        kp = norm_rope_lane(xk, kw, cw, sw, hd, rot, eps);
+        if (gi == 0 && on) {
+            *(uint4 *)(k_cache + kvbase + (size_t)p * hd + lane * 8) = kp;
+            *(uint4 *)(v_cache + kvbase + (size_t)p * hd + lane * 8) = vp;
+        }
+    }
+    const uint4 qp = norm_rope_lane(xq, qw, cw, sw, hd, rot, eps);
+#pragma unroll
+    for (int u = 0; u < SHORT_U; u++)
+        if (a + u == p && a + u < b) kk[u] = kp, vv[u] = vp;
+    ktrace_stamp(tr, 2);
+
+    /* 3. the keys [a, b) */
+    float m = -INFINITY, l = 0.0f, acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+    for (int j = a; j < b; j += SHORT_U) {
+        float sc[SHORT_U];
+#pragma unroll
+        for (int u = 0; u < SHORT_U; u++) sc[u] = dot8(qp, kk[u]);
+        const int jn = j + SHORT_U;
+#pragma unroll
+        for (int u = 0; u < SHORT_U; u++) { /* next group's keys while these scores reduce */
+            const bool ok = on && jn + u < b;
+            kk[u] = !ok ? zero : jn + u == p ? kp : *(const uint4 *)(kc + (size_t)(jn + u) * hd + lane * 8);
+        }
+#pragma unroll
+        for (int u = 0; u < SHORT_U; u++) sc[u] = j + u < b ? warp_sum(sc[u]) * scale : -INFINITY;
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < SHORT_U; u++) mn = fmaxf(mn, sc[u]); /* finite: key j exists */
+        const float corr = expf(m - mn);
+        float pu[SHORT_U], ps = 0.0f;
+#pragma unroll
+        for (int u = 0; u < SHORT_U; u++) ps += (pu[u] = expf(sc[u] - mn));
+        l = l * corr + ps;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] *= corr;
+#pragma unroll
+        for (int u = 0; u < SHORT_U; u++) {
+            float vf[8];
+            unpack8(vv[u], vf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[e] = fmaf(pu[u], vf[e], acc[e]);
+        }
+        m = mn;
+#pragma unroll
+        for (int u = 0; u < SHORT_U; u++) {
+            const bool ok = on && jn + u < b;
+            vv[u] = !ok ? zero : jn + u == p ? vp : *(const uint4 *)(vc + (size_t)(jn + u) * hd + lane * 8);
+        }
+    }
+
+    /* 4. the warps' partials -> the gated output of head h */
+    ktrace_stamp(tr, 3);
+    if (on)
+#pragma unroll
+        for (int e = 0; e < 8; e++) wsm[wid][lane * 8 + e] = acc[e];
+    if (lane == 0) wsm[wid][hd] = m, wsm[wid][hd + 1] = l;
+    __syncthreads();
+    const int d = threadIdx.x;
+    if (d >= hd) return;
+    float M = -INFINITY;
+    for (int w = 0; w < SHORT_WARPS; w++) M = fmaxf(M, wsm[w][hd]);
+    float A = 0.0f, L = 0.0f;
+    for (int w = 0; w < SHORT_WARPS; w++) {
+        if (wsm[w][hd] == -INFINITY) continue; /* a warp with no keys */
+        const float f = expf(wsm[w][hd] - M);
+        A += wsm[w][d] * f;
+        L += wsm[w][hd + 1] * f;
+    }
+    const float o = L > 0.0f ? A / L : 0.0f;
+    out[(size_t)h * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gate))); /* HF: * sigmoid(gate) */
+    ktrace_stamp(tr, 5);
+}
+
 /* Causal prefill: a warp per (token, KV head) walks keys 0 .. *pos + t for its G query heads.
  * Bytes: ~4 T nKV (pos + T/2) hd from L2 (K/V read per token); FLOPs: 4 nH T (pos + T/2) hd. */
 template <int G>
@@ -534,7 +684,7 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
                   sizeof(float);
     void (*kern)(uint16_t *, float *, int *, const uint16_t *, const uint16_t *, const uint16_t *,
                  uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, const int32_t *, int,
-                 int, int, int, int, float, float, unsigned long long *) = attn_decode_kernel<G>;
+                 int, int, int, int, int, float, float, unsigned long long *) = attn_decode_kernel<G>;
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     /* splits: as many as the resident blocks fill (every split of every KV head in one wave),
      * at most the partial buffer's attn_splits and DEC_GROUP^2 (the merge tree's reach) */
@@ -543,11 +693,19 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
     if (ns > cu->attn_splits) ns = cu->attn_splits;
     if (ns > DEC_GROUP * DEC_GROUP) ns = DEC_GROUP * DEC_GROUP;
     if (ns < 1) ns = 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    if (cu->attn_short) {
+        gpu_launch(cu->pdl, attn_short_kernel, dim3(nKV * G), dim3(SHORT_WARPS * WARP_SIZE), 0,
+                   cu->stream, out, qkv, cu->attn_q_norm, cu->attn_k_norm, k_cache, v_cache,
+                   (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, G, hd,
+                   c->rotary_dim, max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * G));
+        cu->n_launches++;
+    }
     gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
                cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,
                k_cache, v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin,
-               pos, ns, cu->attn_min_chunk, hd, c->rotary_dim, max_ctx, 1.0f / sqrtf((float)hd),
-               c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * ns));
+               pos, ns, cu->attn_min_chunk, cu->attn_short ? SHORT_MAX : 0, hd, c->rotary_dim,
+               max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * ns));
     cu->n_launches++;
 }
 
