@@ -295,6 +295,9 @@ static void check_attention(struct pair *p, const struct config *c, const char *
     int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     size_t row = (size_t)2 * nH * hd + 2 * nKV * hd;
     int steps = graph_steps > 0 ? graph_steps : 1;
+    /* a graph records this call's buffers: one key per starting position, never replayed by a
+     * later call whose buffers differ */
+    const int gkey = 1000 + pos0;
     size_t nqkv = (size_t)T * row * steps, nout = (size_t)T * nH * hd;
     size_t ncache = (size_t)nKV * max_ctx * hd;
     uint16_t *qkv = rand_bf16(nqkv, 2.0f), *qn = rand_bf16(hd, 0.5f), *kn = rand_bf16(hd, 0.5f);
@@ -315,10 +318,10 @@ static void check_attention(struct pair *p, const struct config *c, const char *
             be->ops->upload(be, dstep, qkv + (size_t)s * T * row, (size_t)T * row * 2);
             if (b == 1) poison(be, dout, nout * 2);
             if (graph_steps > 0) {
-                if (!be->ops->graph_replay(be, 11)) {
-                    be->ops->graph_begin(be, 11);
+                if (!be->ops->graph_replay(be, gkey)) {
+                    be->ops->graph_begin(be, gkey);
                     be->ops->attention(be, dout, dstep, dqn, dkn, dk, dv, dpos, T);
-                    be->ops->graph_end(be, 11);
+                    be->ops->graph_end(be, gkey);
                 }
             } else {
                 be->ops->attention(be, dout, dstep, dqn, dkn, dk, dv, dpos, T);
