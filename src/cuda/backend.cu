@@ -165,6 +165,8 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
     double sum_active = 0, sum_gap = 0, sum_stage = 0, sum_tail = 0, sum_bytes = 0;
     fprintf(f, "| # | GEMV (N x K) | entry (first block) | ready first..last | stage x | rows done mean..last | active | GB/s | gap to next |\n|---|---|---|---|---|---|---|---|---|\n");
     double prev_last = 0;
+    double *act = (double *)xmalloc((size_t)cu->trace_n * sizeof *act);
+    double *gapn = (double *)xmalloc((size_t)cu->trace_n * sizeof *gapn);
     for (int j = 0; j < cu->trace_n; j++) {
         const unsigned long long *tj = t + (size_t)j * CUDA_TRACE_STRIDE;
         int nb = cu->trace_blocks[j];
@@ -197,6 +199,8 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
                 if ((double)(tn[4 * b + 1] - t0) < rn) rn = (double)(tn[4 * b + 1] - t0);
             gap = rn - d1;
         }
+        act[j] = active;
+        gapn[j] = gap;
         if (j < 12 || (j >= 60 && j < 72) || j + 3 >= cu->trace_n)
             fprintf(f, "| %d | %d x %d%s%s%s, tpr %d | %.2f | %.2f..%.2f | %.2f | %.2f..%.2f | %.2f | %.0f | %.2f |\n",
                     j, cu->trace_N[j], cu->trace_K[j], cu->trace_flags[j] & 1 ? " norm" : "",
@@ -204,6 +208,28 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
                     cu->trace_flags[j] >> 4, e0 / 1e3, r0 / 1e3, r1 / 1e3,
                     st / 1e3, dm / 1e3, d1 / 1e3, active / 1e3, bytes / active, gap / 1e3);
     }
+    /* per class (N, K, flags, tpr): the same GEMV in every layer, averaged */
+    enum { MAX_CLASSES = 16 };
+    int cN[MAX_CLASSES], cK[MAX_CLASSES], cF[MAX_CLASSES], cn[MAX_CLASSES], nclass = 0;
+    double cact[MAX_CLASSES], cgap[MAX_CLASSES];
+    for (int j = 0; j < cu->trace_n; j++) {
+        int c = 0;
+        while (c < nclass && !(cN[c] == cu->trace_N[j] && cK[c] == cu->trace_K[j] && cF[c] == cu->trace_flags[j])) c++;
+        if (c == MAX_CLASSES) continue;
+        if (c == nclass) cN[c] = cu->trace_N[j], cK[c] = cu->trace_K[j], cF[c] = cu->trace_flags[j], cn[c] = 0, cact[c] = cgap[c] = 0, nclass++;
+        cn[c]++;
+        cact[c] += act[j];
+        cgap[c] += gapn[j];
+    }
+    fprintf(f, "\n| GEMV class | n | mean active us | GB/s | mean gap to next us |\n|---|---|---|---|---|\n");
+    for (int c = 0; c < nclass; c++) {
+        double bytes = 2.0 * cN[c] * cK[c] * ((cF[c] & 4) ? 2 : 1);
+        fprintf(f, "| %d x %d%s%s%s, tpr %d | %d | %.2f | %.0f | %.2f |\n", cN[c], cK[c], cF[c] & 1 ? " norm" : "",
+                cF[c] & 2 ? " +res" : "", cF[c] & 4 ? " swiglu" : "", cF[c] >> 4, cn[c], cact[c] / cn[c] / 1e3,
+                bytes * cn[c] / cact[c], cgap[c] / cn[c] / 1e3);
+    }
+    free(act);
+    free(gapn);
     fprintf(f, "\nGEMVs %d: active %.1f us (%.1f GB, %.0f GB/s while active), of which staging x "
                "%.1f us and last-block tail %.1f us; gaps between GEMVs %.1f us; step span %.1f us\n",
             cu->trace_n, sum_active / 1e3, sum_bytes / 1e9, sum_bytes / sum_active, sum_stage / 1e3,
@@ -551,6 +577,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gemv_persist = env_int("STRATA_GEMV_PERSIST", 1, 0, 1);
     cu->gemv_pf_items = env_int("STRATA_GEMV_PF", 1, -1, 1 << 20);
     cu->gemv_shape = env_int("STRATA_GEMV_SHAPE", -1, -1, CUDA_GEMV_SHAPES - 1);
+    cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {
         cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,
                                                     "the trace buffer");

@@ -73,6 +73,7 @@ struct cuda {
     struct cuda_prof prof;
     int gemv_pf_items;        /* STRATA_GEMV_PF: see cuda_gemv_job.pf_items (default 1) */
     int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
+    int gemv_model;           /* STRATA_GEMV_MODEL=0: the round-based cost model (experiment) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */
     int trace_blocks[CUDA_TRACE_JOBS], trace_N[CUDA_TRACE_JOBS], trace_K[CUDA_TRACE_JOBS];

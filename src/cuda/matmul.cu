@@ -349,18 +349,28 @@ static int resident(gemv_fn kern, size_t smem) {
 }
 
 /* Estimated time of a GEMV shape on a persistent grid of `cap` blocks, in units of one memory
- * round trip: the slowest block's items, each costing a round trip / D or the time its bytes
- * take at the block's share of bandwidth, whichever is longer (a round trip moves ~40 KiB per SM
- * at full bandwidth: 20 KiB per block at 2 blocks per SM). STRATA_GEMV_SHAPE=i forces shape i. */
-static double gemv_cost(const struct gemv_shape *sh, long pairs, long K8, long cap) {
+ * round trip (a round trip moves ~40 KiB per SM at full bandwidth: 20 KiB per block at 2 blocks
+ * per SM): the longer of the slowest block's chain of items (each at least a round trip / D)
+ * and the whole GEMV's bytes at full bandwidth, plus, for a group wider than a warp, its
+ * cross-warp reduction (shared memory and a barrier) per item. Measured on the H200 (run 35):
+ * warp groups stream large-N GEMVs 5-15% faster than wider groups the round-based model
+ * (STRATA_GEMV_MODEL=0, each block's rounds at its own share of bandwidth) rated equal or
+ * better. STRATA_GEMV_SHAPE=i forces shape i. */
+static double gemv_cost(const struct gemv_shape *sh, long pairs, long K8, long cap, int model) {
     long groups = GEMV_THREADS / sh->tpr, units = (pairs + groups - 1) / groups;
     long rounds = (units + cap - 1) / cap, step = (long)sh->u * sh->tpr;
     long nc = (K8 + step - 1) / step;
     if (sh->tpr > 32 && K8 < 2L * sh->tpr) return 1e30; /* most of the group idle */
-    double item_bytes = 32.0 * groups * (double)K8 / (double)nc; /* both rows, mean chunk */
-    double per_item = 1.0 / sh->d;
-    double by_bw = item_bytes / (20.0 * 1024);
-    return (double)rounds * (double)nc * (per_item > by_bw ? per_item : by_bw);
+    if (model == 0) {
+        double item_bytes = 32.0 * groups * (double)K8 / (double)nc; /* both rows, mean chunk */
+        double per_item = 1.0 / sh->d;
+        double by_bw = item_bytes / (20.0 * 1024);
+        return (double)rounds * (double)nc * (per_item > by_bw ? per_item : by_bw);
+    }
+    double chain = (double)rounds * (double)nc / sh->d;
+    double by_bw = 32.0 * (double)pairs * (double)K8 / ((double)cap * 20.0 * 1024);
+    double reduce = sh->tpr > WARP_SIZE ? 0.1 * (double)rounds * (double)nc : 0.0;
+    return (chain > by_bw ? chain : by_bw) + reduce;
 }
 
 static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
@@ -368,7 +378,7 @@ static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
     int best = 3;
     double best_c = 1e31;
     for (int i = 0; i < N_GEMV_SHAPES; i++) {
-        double c = gemv_cost(&gemv_shapes[i], pairs, K8, cap);
+        double c = gemv_cost(&gemv_shapes[i], pairs, K8, cap, cu->gemv_model);
         if (c < best_c - 1e-9) best_c = c, best = i;
     }
     return best;
