@@ -349,39 +349,62 @@ static int resident(gemv_fn kern, size_t smem) {
 }
 
 /* Estimated time of a GEMV shape on a persistent grid of `cap` blocks, in units of one memory
- * round trip (a round trip moves ~40 KiB per SM at full bandwidth: 20 KiB per block at 2 blocks
- * per SM): the longer of the slowest block's chain of items (each at least a round trip / D)
- * and the whole GEMV's bytes at full bandwidth, plus, for a group wider than a warp, its
- * cross-warp reduction (shared memory and a barrier) per item. Measured on the H200 (run 35):
- * warp groups stream large-N GEMVs 5-15% faster than wider groups the round-based model
- * (STRATA_GEMV_MODEL=0, each block's rounds at its own share of bandwidth) rated equal or
- * better. STRATA_GEMV_SHAPE=i forces shape i. */
-static double gemv_cost(const struct gemv_shape *sh, long pairs, long K8, long cap, int model) {
+ * round trip: the slowest block's items, each costing a round trip / D or the time its bytes
+ * take at the block's share of bandwidth, whichever is longer (a round trip moves ~40 KiB per SM
+ * at full bandwidth: 20 KiB per block at 2 blocks per SM). */
+static double gemv_cost_rounds(const struct gemv_shape *sh, long pairs, long K8, long cap) {
     long groups = GEMV_THREADS / sh->tpr, units = (pairs + groups - 1) / groups;
     long rounds = (units + cap - 1) / cap, step = (long)sh->u * sh->tpr;
     long nc = (K8 + step - 1) / step;
-    if (sh->tpr > 32 && K8 < 2L * sh->tpr) return 1e30; /* most of the group idle */
-    if (model == 0) {
-        double item_bytes = 32.0 * groups * (double)K8 / (double)nc; /* both rows, mean chunk */
-        double per_item = 1.0 / sh->d;
-        double by_bw = item_bytes / (20.0 * 1024);
-        return (double)rounds * (double)nc * (per_item > by_bw ? per_item : by_bw);
-    }
-    double chain = (double)rounds * (double)nc / sh->d;
-    double by_bw = 32.0 * (double)pairs * (double)K8 / ((double)cap * 20.0 * 1024);
-    double reduce = sh->tpr > WARP_SIZE ? 0.1 * (double)rounds * (double)nc : 0.0;
-    return (chain > by_bw ? chain : by_bw) + reduce;
+    if (sh->tpr > WARP_SIZE && K8 < 2L * sh->tpr) return 1e30; /* most of the group idle */
+    double item_bytes = 32.0 * groups * (double)K8 / (double)nc; /* both rows, mean chunk */
+    double per_item = 1.0 / sh->d;
+    double by_bw = item_bytes / (20.0 * 1024);
+    return (double)rounds * (double)nc * (per_item > by_bw ? per_item : by_bw);
 }
 
+/* The same in the regime where every block has a full round of warp groups: the longer of a
+ * block's chain of items (a round trip each, D = 1) and the whole GEMV's bytes at full
+ * bandwidth (a partly filled last round leaves its bandwidth to the blocks still working). */
+static double gemv_cost_stream(const struct gemv_shape *sh, long pairs, long K8, long cap) {
+    long groups = GEMV_THREADS / sh->tpr, units = (pairs + groups - 1) / groups;
+    long rounds = (units + cap - 1) / cap, step = (long)sh->u * sh->tpr;
+    long nc = (K8 + step - 1) / step;
+    if (sh->tpr > WARP_SIZE && K8 < 2L * sh->tpr) return 1e30;
+    double chain = (double)rounds * (double)nc;
+    double by_bw = 32.0 * (double)pairs * (double)K8 / ((double)cap * 20.0 * 1024);
+    return chain > by_bw ? chain : by_bw;
+}
+
+/* The shape for a GEMV of `pairs` row pairs and K8 16-byte words per row. Two regimes, measured
+ * on the H200 (bench/RESULTS.md, run 35, per GEMV class: active time + the gap to the next
+ * kernel): with at least a full round of warp groups per block (pairs >= 8 cap), groups of one
+ * or two warps with U = 4, D = 1 stream fastest (no block-wide reduction per item; whole-block
+ * groups were 5-15% slower on the 4B / 9B projections and the 9B lm_head); of those the model
+ * above, ties to the wider group (its tail and the next kernel's start are shorter). With fewer
+ * rows, warp groups would leave warps idle: groups of 128-256 threads split K instead, by the
+ * round model (STRATA_GEMV_MODEL=0: the round model over every shape, the choice before run 35).
+ * STRATA_GEMV_SHAPE=i forces shape i. */
 static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
     if (cu->gemv_shape >= 0 && cu->gemv_shape < N_GEMV_SHAPES) return cu->gemv_shape;
-    int best = 3;
-    double best_c = 1e31;
+    const int wide = cu->gemv_model != 0 && pairs >= (long)(GEMV_THREADS / WARP_SIZE) * cap;
+    const int narrow = cu->gemv_model != 0 && !wide;
+    int best = -1;
+    double best_c = 1e29;
     for (int i = 0; i < N_GEMV_SHAPES; i++) {
-        double c = gemv_cost(&gemv_shapes[i], pairs, K8, cap, cu->gemv_model);
+        const struct gemv_shape *sh = &gemv_shapes[i];
+        if (wide && (sh->tpr > 2 * WARP_SIZE || sh->u != 4 || sh->d != 1)) continue;
+        if (narrow && sh->tpr < 4 * WARP_SIZE) continue;
+        double c = wide ? gemv_cost_stream(sh, pairs, K8, cap) : gemv_cost_rounds(sh, pairs, K8, cap);
+        if (c < best_c - 1e-9 || (wide && c < best_c + 1e-9 && sh->tpr > gemv_shapes[best].tpr))
+            best_c = c, best = i;
+    }
+    if (best >= 0) return best;
+    for (int i = 0; i < N_GEMV_SHAPES; i++) { /* rows too short for the regime's shapes */
+        double c = gemv_cost_rounds(&gemv_shapes[i], pairs, K8, cap);
         if (c < best_c - 1e-9) best_c = c, best = i;
     }
-    return best;
+    return best >= 0 ? best : 0;
 }
 
 /* Tracing: the job's timestamp slots (NULL when tracing is off or the buffer is full). */
