@@ -578,6 +578,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gemv_pf_items = env_int("STRATA_GEMV_PF", 1, -1, 1 << 20);
     cu->gemv_shape = env_int("STRATA_GEMV_SHAPE", -1, -1, CUDA_GEMV_SHAPES - 1);
     cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
+    cu->gemv_wide = cuda_gemv_wide_shape(H);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {
         cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,
                                                     "the trace buffer");

@@ -73,7 +73,8 @@ struct cuda {
     struct cuda_prof prof;
     int gemv_pf_items;        /* STRATA_GEMV_PF: see cuda_gemv_job.pf_items (default 1) */
     int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
-    int gemv_model;           /* STRATA_GEMV_MODEL=0: the round-based cost model (experiment) */
+    int gemv_model;           /* STRATA_GEMV_MODEL=0: every GEMV shape by the round model */
+    int gemv_wide;            /* the shape of the GEMVs with many rows (cuda_gemv_wide_shape) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */
     int trace_blocks[CUDA_TRACE_JOBS], trace_N[CUDA_TRACE_JOBS], trace_K[CUDA_TRACE_JOBS];
@@ -150,6 +151,7 @@ void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t
 /* out (N,) = bf16(out + bf16(x W^T)) where x = the DeltaNet gated RMSNorm of o (K,) bf16, per
  * head of dv values: bf16(bf16(norm_w * bf16(o * rsqrt(mean(o^2) + eps))) * sz), sz = silu(z). */
 int cuda_gemv_gated_ok(int K, int dv); /* the shapes cuda_gemv_gated takes */
+int cuda_gemv_wide_shape(int hidden); /* see matmul.cu gemv_pick */
 void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                      const float *norm_w, int dv, const uint16_t *W, int N, int K, float eps);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);

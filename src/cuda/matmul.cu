@@ -363,48 +363,39 @@ static double gemv_cost_rounds(const struct gemv_shape *sh, long pairs, long K8,
     return (double)rounds * (double)nc * (per_item > by_bw ? per_item : by_bw);
 }
 
-/* The same in the regime where every block has a full round of warp groups: the longer of a
- * block's chain of items (a round trip each, D = 1) and the whole GEMV's bytes at full
- * bandwidth (a partly filled last round leaves its bandwidth to the blocks still working). */
-static double gemv_cost_stream(const struct gemv_shape *sh, long pairs, long K8, long cap) {
-    long groups = GEMV_THREADS / sh->tpr, units = (pairs + groups - 1) / groups;
-    long rounds = (units + cap - 1) / cap, step = (long)sh->u * sh->tpr;
-    long nc = (K8 + step - 1) / step;
-    if (sh->tpr > WARP_SIZE && K8 < 2L * sh->tpr) return 1e30;
-    double chain = (double)rounds * (double)nc;
-    double by_bw = 32.0 * (double)pairs * (double)K8 / ((double)cap * 20.0 * 1024);
-    return chain > by_bw ? chain : by_bw;
-}
-
-/* The shape for a GEMV of `pairs` row pairs and K8 16-byte words per row. Two regimes, measured
- * on the H200 (bench/RESULTS.md, run 35, per GEMV class: active time + the gap to the next
- * kernel): with at least a full round of warp groups per block (pairs >= 8 cap), groups of one
- * or two warps with U = 4, D = 1 stream fastest (no block-wide reduction per item; whole-block
- * groups were 5-15% slower on the 4B / 9B projections and the 9B lm_head); of those the model
- * above, ties to the wider group (its tail and the next kernel's start are shorter). With fewer
- * rows, warp groups would leave warps idle: groups of 128-256 threads split K instead, by the
- * round model (STRATA_GEMV_MODEL=0: the round model over every shape, the choice before run 35).
+/* The shape for a GEMV of `pairs` row pairs and K8 16-byte words per row. Measured on the H200
+ * (bench/RESULTS.md, runs 35-36, per GEMV class: active time + the gap to the next kernel):
+ * with at least half a round of warp groups per block (pairs >= 4 cap), groups of one or two
+ * warps with U = 4, D = 1 stream fastest (no block-wide reduction per item; whole-block groups
+ * were 5-15% slower on the 4B / 9B projections and the 9B lm_head), and one shape for all of a
+ * model's such GEMVs beat a choice per GEMV (switching kernels lengthened the gaps between
+ * them): cu->gemv_wide, see cuda_gemv_wide_shape. With fewer rows, warp groups would leave
+ * warps idle: groups of 128-256 threads split K instead, by the round model.
+ * STRATA_GEMV_MODEL=0: the round model over every shape (the choice before run 35);
  * STRATA_GEMV_SHAPE=i forces shape i. */
 static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
     if (cu->gemv_shape >= 0 && cu->gemv_shape < N_GEMV_SHAPES) return cu->gemv_shape;
-    const int wide = cu->gemv_model != 0 && pairs >= (long)(GEMV_THREADS / WARP_SIZE) * cap;
-    const int narrow = cu->gemv_model != 0 && !wide;
+    if (cu->gemv_model != 0 && pairs >= (long)(GEMV_THREADS / WARP_SIZE / 2) * cap) return cu->gemv_wide;
     int best = -1;
     double best_c = 1e29;
-    for (int i = 0; i < N_GEMV_SHAPES; i++) {
-        const struct gemv_shape *sh = &gemv_shapes[i];
-        if (wide && (sh->tpr > 2 * WARP_SIZE || sh->u != 4 || sh->d != 1)) continue;
-        if (narrow && sh->tpr < 4 * WARP_SIZE) continue;
-        double c = wide ? gemv_cost_stream(sh, pairs, K8, cap) : gemv_cost_rounds(sh, pairs, K8, cap);
-        if (c < best_c - 1e-9 || (wide && c < best_c + 1e-9 && sh->tpr > gemv_shapes[best].tpr))
-            best_c = c, best = i;
-    }
-    if (best >= 0) return best;
-    for (int i = 0; i < N_GEMV_SHAPES; i++) { /* rows too short for the regime's shapes */
-        double c = gemv_cost_rounds(&gemv_shapes[i], pairs, K8, cap);
-        if (c < best_c - 1e-9) best_c = c, best = i;
-    }
+    for (int pass = cu->gemv_model != 0 ? 0 : 1; pass < 2 && best < 0; pass++)
+        for (int i = 0; i < N_GEMV_SHAPES; i++) { /* pass 1: every shape (rows too short) */
+            if (pass == 0 && gemv_shapes[i].tpr < 4 * WARP_SIZE) continue;
+            double c = gemv_cost_rounds(&gemv_shapes[i], pairs, K8, cap);
+            if (c < best_c - 1e-9) best_c = c, best = i;
+        }
     return best >= 0 ? best : 0;
+}
+
+/* The warp-group shape of a model's wide GEMVs: the widest group of at most two warps (U = 4)
+ * whose chunk divides the hidden row (K8 = hidden / 8 words), so the rows with K = hidden (the
+ * input projections, gate/up, lm_head) end in no partly idle chunk: 9B (K8 = 512) two warps,
+ * 4B (320) and 0.8B (128) one. */
+extern "C" int cuda_gemv_wide_shape(int hidden) {
+    const int tpr = (hidden / 8) % (4 * 2 * WARP_SIZE) == 0 ? 2 * WARP_SIZE : WARP_SIZE;
+    for (int i = 0; i < N_GEMV_SHAPES; i++)
+        if (gemv_shapes[i].tpr == tpr && gemv_shapes[i].u == 4 && gemv_shapes[i].d == 1) return i;
+    return 0;
 }
 
 /* Tracing: the job's timestamp slots (NULL when tracing is off or the buffer is full). */
