@@ -510,15 +510,21 @@ static void check_size(const char *size) {
     check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
     check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
     check_attention(&p, &c, size, max_ctx, 252, 1, 8);  /* one graph across the short kernel's end */
-    { /* the split kernel at short contexts too */
-        setenv("STRATA_ATTN_SHORT", "0", 1);
+    /* the split kernel at short contexts too; the block-per-head kernel over 1,024 keys */
+    for (int v = 0; v < 2; v++) {
+        setenv("STRATA_ATTN_SHORT", v == 0 ? "0" : "1024", 1);
         struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
         unsetenv("STRATA_ATTN_SHORT");
         CHECK(q.gpu);
         char t[48];
-        snprintf(t, sizeof t, "%s split only", size);
-        check_attention(&q, &c, t, max_ctx, 1, 1, 0);
-        check_attention(&q, &c, t, max_ctx, 40, 1, 5);
+        snprintf(t, sizeof t, "%s %s", size, v == 0 ? "split only" : "short to 1024");
+        if (v == 0) {
+            check_attention(&q, &c, t, max_ctx, 1, 1, 0);
+            check_attention(&q, &c, t, max_ctx, 40, 1, 5);
+        } else {
+            check_attention(&q, &c, t, max_ctx, 700, 1, 0);
+            check_attention(&q, &c, t, max_ctx, 1020, 1, 8); /* one graph across its end */
+        }
         q.gpu->ops->destroy(q.gpu);
     }
 

@@ -4,8 +4,8 @@
  * *pos, causal GQA softmax attention in fp32, then bf16(o) * bf16(sigmoid(gate)).
  *
  * Decode is two kernels per layer, each idle at the other's positions (both read *pos on the
- * device, so one captured graph serves every position and any context): up to SHORT_MAX keys a
- * block per query head walks every key; beyond, split-KV (flash-decoding) over a fixed grid of
+ * device, so one captured graph serves every position and any context): up to cu->attn_short
+ * keys (default 256) a block per query head walks every key; beyond, split-KV (flash-decoding) over a fixed grid of
  * (nKV, splits) blocks whose chunk size follows *pos, the partial softmaxes merged in its last
  * blocks (last-block counters). The q/k norm, RoPE and K/V append run in both. Prefill gives each (token, KV head) a warp that
  * walks its keys with an online softmax for the G query heads sharing that KV head. The
@@ -469,7 +469,7 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
 }
 
 /* ---- decode, short contexts: one block per query head ---------------------------------------
- * While n = *pos + 1 <= SHORT_MAX, the split kernel's chain after the keys (partials, fence,
+ * While n = *pos + 1 <= short_max (cu->attn_short), the split kernel's chain after the keys (partials, fence,
  * counter, merge: several dependent L2 round trips) costs more than the keys themselves. Here a
  * block per query head walks every key with SHORT_WARPS warps, SHORT_U keys per group (the first
  * group loaded before the wait, the next group's K issued before this group's softmax, its V
@@ -482,13 +482,13 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
  * Bytes: 4 nH n hd of K/V (mostly L2); FLOPs: ~4 nH n hd. */
 #define SHORT_WARPS 16
 #define SHORT_U 4
-#define SHORT_MAX (SHORT_WARPS * SHORT_U * 4) /* at most 4 groups per warp */
 
 static __global__ void __launch_bounds__(SHORT_WARPS *WARP_SIZE, 1)
 attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
                   const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
                   const uint16_t *rope_cos, const uint16_t *rope_sin, const int32_t *pos, int G,
-                  int hd, int rot, int max_ctx, float scale, float eps, unsigned long long *tr) {
+                  int short_max, int hd, int rot, int max_ctx, float scale, float eps,
+                  unsigned long long *tr) {
     __shared__ float wsm[SHORT_WARPS][256 + 2]; /* per warp: acc (hd), max, sum */
     const int h = blockIdx.x, nH = gridDim.x, nKV = nH / G, kvh = h / G, gi = h % G;
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -496,7 +496,7 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
     ktrace_stamp(tr, 0);
     const int p = *pos; /* uploaded before the step: readable before the wait */
     const int n = min(p + 1, max_ctx);
-    if (n > SHORT_MAX) { /* the split kernel's positions */
+    if (n > short_max) { /* the split kernel's positions */
         grid_dependency_wait();
         return;
     }
@@ -694,17 +694,18 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
     if (ns > DEC_GROUP * DEC_GROUP) ns = DEC_GROUP * DEC_GROUP;
     if (ns < 1) ns = 1;
     const float scale = 1.0f / sqrtf((float)hd);
-    if (cu->attn_short) {
+    if (cu->attn_short > 0) {
         gpu_launch(cu->pdl, attn_short_kernel, dim3(nKV * G), dim3(SHORT_WARPS * WARP_SIZE), 0,
                    cu->stream, out, qkv, cu->attn_q_norm, cu->attn_k_norm, k_cache, v_cache,
-                   (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, G, hd,
+                   (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, G,
+                   cu->attn_short, hd,
                    c->rotary_dim, max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * G));
         cu->n_launches++;
     }
     gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
                cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,
                k_cache, v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin,
-               pos, ns, cu->attn_min_chunk, cu->attn_short ? SHORT_MAX : 0, hd, c->rotary_dim,
+               pos, ns, cu->attn_min_chunk, cu->attn_short, hd, c->rotary_dim,
                max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * ns));
     cu->n_launches++;
 }

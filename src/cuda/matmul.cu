@@ -364,14 +364,14 @@ static double gemv_cost_rounds(const struct gemv_shape *sh, long pairs, long K8,
 }
 
 /* The shape for a GEMV of `pairs` row pairs and K8 16-byte words per row. Measured on the H200
- * (bench/RESULTS.md, runs 35-36, per GEMV class: active time + the gap to the next kernel):
+ * (bench/RESULTS.md, runs 35-38, per GEMV class: active time + the gap to the next kernel):
  * with at least half a round of warp groups per block (pairs >= 4 cap), groups of one or two
  * warps with U = 4, D = 1 stream fastest (no block-wide reduction per item; whole-block groups
  * were 5-15% slower on the 4B / 9B projections and the 9B lm_head), and one shape for all of a
  * model's such GEMVs beat a choice per GEMV (switching kernels lengthened the gaps between
  * them): cu->gemv_wide, see cuda_gemv_wide_shape. With fewer rows, warp groups would leave
  * warps idle: groups of 128-256 threads split K instead, by the round model.
- * STRATA_GEMV_MODEL=0: the round model over every shape (the choice before run 35);
+ * STRATA_GEMV_MODEL=0: the round model over every shape (the choice up to run 34);
  * STRATA_GEMV_SHAPE=i forces shape i. */
 static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
     if (cu->gemv_shape >= 0 && cu->gemv_shape < N_GEMV_SHAPES) return cu->gemv_shape;
