@@ -509,7 +509,7 @@ static void check_size(const char *size) {
     check_attention(&p, &c, size, max_ctx, 40, 1, 5);   /* graph replayed at 41..44 */
     check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
     check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
-    check_attention(&p, &c, size, max_ctx, 252, 1, 8);  /* one graph across the short kernel's end */
+    check_attention(&p, &c, size, max_ctx, 508, 1, 8);  /* one graph across the short kernel's end */
     /* the split kernel at short contexts too; the block-per-head kernel over 1,024 keys */
     for (int v = 0; v < 2; v++) {
         setenv("STRATA_ATTN_SHORT", v == 0 ? "0" : "1024", 1);

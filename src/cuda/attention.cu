@@ -5,7 +5,7 @@
  *
  * Decode is two kernels per layer, each idle at the other's positions (both read *pos on the
  * device, so one captured graph serves every position and any context): up to cu->attn_short
- * keys (default 256) a block per query head walks every key; beyond, split-KV (flash-decoding) over a fixed grid of
+ * keys (default 512, run 40) a block per query head walks every key; beyond, split-KV (flash-decoding) over a fixed grid of
  * (nKV, splits) blocks whose chunk size follows *pos, the partial softmaxes merged in its last
  * blocks (last-block counters). The q/k norm, RoPE and K/V append run in both. Prefill gives each (token, KV head) a warp that
  * walks its keys with an online softmax for the G query heads sharing that KV head. The

@@ -101,7 +101,7 @@ struct cuda {
                            chosen from the model, gdn.cu) */
     int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 32) */
     int attn_short;     /* decode: a block per query head up to this many keys (STRATA_ATTN_SHORT,
-                           default 256; 0: split-KV always) */
+                           default 512; 0: split-KV always) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
                                                  cuda_attn_decode, which folds the prep in */
     uint16_t *gdn_y;   /* (max_T, conv_dim) conv + SiLU outputs */
