@@ -11,7 +11,9 @@
 #   SIZES="4b 9b" VARIANTS=$'-\nSTRATA_GEMV_PF=-1' BASE_TAR=.carry/base.tar scripts/gpu-ab.sh
 #   (device call with carry [".deps/prefix.tar.xz", ".carry/base.tar"])
 # STRATA_TRACE=1 as a variant prints the GEMV timeline of one decode step (whole output, with the
-# DeltaNet / attention phase table, appended to $OUT/trace.txt).
+# DeltaNet / attention phase table, appended to $OUT/trace.txt). AB_ARGS replaces the variants'
+# `--tg-only`, e.g. AB_ARGS="--at 32768" for decode at a 32k context alone (the base is then run
+# with AB_ARGS too, so it must know them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -40,12 +42,17 @@ if [ -n "${BASE_TAR:-}" ] && [ -f "$BASE_TAR" ]; then
     fi
 fi
 for s in $SIZES; do
-    [ -n "$BASE" ] && echo "$s base :: $(timeout 120 $BASE bench --model "$M/$s" --short --reps "$REPS" 2>/dev/null | grep '^| tg128')"
+    if [ -n "$BASE" ] && [ -n "${AB_ARGS:-}" ]; then
+        # shellcheck disable=SC2086
+        echo "$s base :: $(timeout 300 $BASE bench --model "$M/$s" $AB_ARGS --reps "$REPS" 2>/dev/null | tail -1)"
+    elif [ -n "$BASE" ]; then
+        echo "$s base :: $(timeout 120 $BASE bench --model "$M/$s" --short --reps "$REPS" 2>/dev/null | grep '^| tg128')"
+    fi
     while IFS= read -r v; do
         [ -z "$v" ] && continue
         [ "$v" = - ] && v=""
         # shellcheck disable=SC2086
-        env $v timeout 120 $B bench --model "$M/$s" --tg-only --reps "$REPS" >"$OUT/ab.tmp" 2>/dev/null
+        env $v timeout 300 $B bench --model "$M/$s" ${AB_ARGS:---tg-only} --reps "$REPS" >"$OUT/ab.tmp" 2>/dev/null
         grep -E "^GEMVs" "$OUT/ab.tmp"
         case "$v" in *STRATA_TRACE=1*) { echo "== $s $v"; cat "$OUT/ab.tmp"; } >>"$OUT/trace.txt" ;; esac
         echo "$s ${v:-(as built)} :: $(tail -1 "$OUT/ab.tmp")"

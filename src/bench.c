@@ -75,7 +75,7 @@ static double time_steps(struct model *m, int n) {
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     struct model_options opt = {0};
-    int long_ctx = 1, reps = 5, tg_only = 0;
+    int long_ctx = 1, reps = 5, tg_only = 0, at = 0;
     opt.ctx = 33280; /* room for the 32k-context measurement */
     opt.backend = BACKEND_AUTO;
     for (int i = 0; i < argc; i++) {
@@ -86,13 +86,15 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--reps") && v) reps = atoi(v), i++;
         else if (!strcmp(a, "--short")) long_ctx = 0;
         else if (!strcmp(a, "--tg-only")) tg_only = 1, long_ctx = 0;
+        else if (!strcmp(a, "--at") && v) at = atoi(v), long_ctx = 0, i++;
         else if (!strcmp(a, "--backend") && v) {
             opt.backend = !strcmp(v, "cpu") ? BACKEND_CPU : !strcmp(v, "cuda") ? BACKEND_CUDA
                                                                                : BACKEND_AUTO;
             i++;
         } else {
             fprintf(stderr, "usage: strata bench [--model DIR] [--backend cpu|cuda] [--ctx N] "
-                            "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)]\n");
+                            "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)] "
+                            "[--at N (decode at a context of N tokens alone)]\n");
             return 2;
         }
     }
@@ -136,6 +138,29 @@ int cmd_bench(int argc, char **argv) {
     }
 
     double v[32];
+    if (at > 0) { /* quick A/B of long-context decode: 48 steps after a prompt of N - 1 tokens */
+        if (at + 50 > ctx) {
+            fprintf(stderr, "strata bench: --at %d needs a context of %d (have %d)\n", at, at + 50, ctx);
+            model_free(m);
+            return 2;
+        }
+        for (int r = 0; r < reps; r++) {
+            if (time_prefill(m, at - 1, 1, &err) < 0) {
+                fprintf(stderr, "strata bench: prefill: %s\n", err.msg);
+                model_free(m);
+                return 1;
+            }
+            time_steps(m, 2);
+            v[r] = time_steps(m, 48) / 48;
+        }
+        double ms = median(v, reps);
+#ifdef STRATA_CUDA
+        if (is_cuda(m) && backend_cuda_trace_report(be, stdout)) printf("\n");
+#endif
+        printf("decode at %d %s: %.1f tok/s (%.3f ms/token)\n", at, dir, 1000 / ms, ms);
+        model_free(m);
+        return 0;
+    }
     if (tg_only) { /* quick A/B of decode settings: tg128 alone */
         for (int r = 0; r < reps; r++) {
             time_prefill(m, 1, 1, &err);

@@ -36,6 +36,12 @@ echo '{"messages":[{"role":"user","content":"Hi"}]}' | "$exe" render >"$tmp/r"
 ok 'grep -q "^<|im_start|>user$" "$tmp/r" && grep -q "^<|im_start|>assistant$" "$tmp/r"' "render"
 ok '! echo "{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\"}]}" | "$exe" render >/dev/null 2>&1' "render: refusal exits non-zero"
 
+# bench: decode at a given context alone (the demo model on the CPU; its context is 4,096)
+"$exe" bench --backend cpu --at 100 --reps 1 >"$tmp/b" 2>/dev/null; rc=$?
+ok '[ $rc -eq 0 ] && grep -Eq "^decode at 100 .*: [0-9.]+ tok/s" "$tmp/b"' "bench --at"
+"$exe" bench --backend cpu --at 5000 --reps 1 >/dev/null 2>"$tmp/b2"; rc=$?
+ok '[ $rc -eq 2 ] && grep -q "needs a context of 5050" "$tmp/b2"' "bench --at past the context"
+
 # errors: clear message, non-zero exit, no crash (exit < 128)
 "$exe" run --model /nonexistent --prompt-ids 1 >/dev/null 2>"$tmp/e1"; rc=$?
 ok '[ $rc -eq 1 ] && grep -q "config.json: cannot open" "$tmp/e1"' "missing model"
