@@ -140,7 +140,8 @@ int cmd_bench(int argc, char **argv) {
     double v[32];
     if (at > 0) { /* quick A/B of long-context decode: 48 steps after a prompt of N - 1 tokens */
         if (at + 50 > ctx) {
-            fprintf(stderr, "strata bench: --at %d needs a context of %d (have %d)\n", at, at + 50, ctx);
+            fprintf(stderr, "strata bench: --at %d needs a context of %d (have %d)\n", at, at + 50,
+                    ctx);
             model_free(m);
             return 2;
         }
@@ -272,8 +273,8 @@ int cmd_bench(int argc, char **argv) {
     if (at512 > 0) printf("| decode at 512 context | %.1f tok/s |\n", at512);
     if (at8k > 0) printf("| decode at 8k context | %.1f tok/s |\n", at8k);
     if (at32k > 0)
-        printf("| decode at 32k context | %.1f tok/s (%.0f%% of tg128, %.0f%% of the speed at 512) |\n",
-               at32k, 100 * at32k / tg, 100 * at32k / at512);
+        printf("| decode at 32k context | %.1f tok/s (%.0f%% of tg128, %.0f%% of the speed at "
+               "512) |\n", at32k, 100 * at32k / tg, 100 * at32k / at512);
     printf("| weights read per token | %.3f GB |\n", wbytes / 1e9);
     if (copy_bw > 0)
         printf("| bandwidth at tg128 | %.2f TB/s = %.0f%% of measured copy %.2f TB/s (roofline "

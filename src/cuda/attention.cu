@@ -5,12 +5,12 @@
  *
  * Decode is two kernels per layer, each idle at the other's positions (both read *pos on the
  * device, so one captured graph serves every position and any context): up to cu->attn_short
- * keys (default 512, run 40) a block per query head walks every key; beyond, split-KV (flash-decoding) over a fixed grid of
- * (nKV, splits) blocks whose chunk size follows *pos, the partial softmaxes merged in its last
- * blocks (last-block counters). The q/k norm, RoPE and K/V append run in both. Prefill gives each (token, KV head) a warp that
- * walks its keys with an online softmax for the G query heads sharing that KV head. The
- * softmax is online (rescaled running sums) rather than cpu.c's two passes: equal up to fp32
- * rounding. */
+ * keys (default 512, run 40) a block per query head walks every key; beyond, split-KV
+ * (flash-decoding) over a fixed grid of (nKV, splits) blocks whose chunk size follows *pos, the
+ * partial softmaxes merged in its last blocks (last-block counters). The q/k norm, RoPE and K/V
+ * append run in both. Prefill gives each (token, KV head) a warp that walks its keys with an
+ * online softmax for the G query heads sharing that KV head. The softmax is online (rescaled
+ * running sums) rather than cpu.c's two passes: equal up to fp32 rounding. */
 #include "kernels.h"
 
 #define ATTN_WARPS 8
@@ -469,13 +469,13 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
 }
 
 /* ---- decode, short contexts: one block per query head ---------------------------------------
- * While n = *pos + 1 <= short_max (cu->attn_short), the split kernel's chain after the keys (partials, fence,
- * counter, merge: several dependent L2 round trips) costs more than the keys themselves. Here a
- * block per query head walks every key with SHORT_WARPS warps, SHORT_U keys per group (the first
- * group loaded before the wait, the next group's K issued before this group's softmax, its V
- * before the next scores); each warp normalises and rotates q itself in registers (no barrier),
- * the warp holding *pos also the new key (block gi == 0 of a KV head appends it to the cache),
- * and the warps merge in shared memory into the gated output. K/V are read by the G blocks of a
+ * While n = *pos + 1 <= short_max (cu->attn_short), the split kernel's chain after the keys
+ * (partials, fence, counter, merge: several dependent L2 round trips) costs more than the keys.
+ * Here a block per query head walks every key with SHORT_WARPS warps, SHORT_U keys per group
+ * (the first group loaded before the wait, the next group's K issued before this group's
+ * softmax, its V before the next scores); each warp normalises and rotates q itself in
+ * registers (no barrier), the warp holding *pos also the new key (block gi == 0 of a KV head
+ * appends it to the cache), and the warps merge in shared memory into the gated output. K/V are read by the G blocks of a
  * KV head (L2 after the first). The split kernel launched next does nothing at these positions
  * and this one nothing past them; both wait for their predecessor before leaving, so each
  * kernel still completes after the one before it.
