@@ -210,23 +210,35 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
     }
     /* per class (N, K, flags, tpr): the same GEMV in every layer, averaged */
     enum { MAX_CLASSES = 16 };
-    int cN[MAX_CLASSES], cK[MAX_CLASSES], cF[MAX_CLASSES], cn[MAX_CLASSES], nclass = 0;
-    double cact[MAX_CLASSES], cgap[MAX_CLASSES];
+    struct gemv_class {
+        int N, K, flags, n;
+        double active, gap;
+    } cl[MAX_CLASSES];
+    int ncl = 0;
     for (int j = 0; j < cu->trace_n; j++) {
         int c = 0;
-        while (c < nclass && !(cN[c] == cu->trace_N[j] && cK[c] == cu->trace_K[j] && cF[c] == cu->trace_flags[j])) c++;
+        while (c < ncl && !(cl[c].N == cu->trace_N[j] && cl[c].K == cu->trace_K[j] &&
+                            cl[c].flags == cu->trace_flags[j]))
+            c++;
         if (c == MAX_CLASSES) continue;
-        if (c == nclass) cN[c] = cu->trace_N[j], cK[c] = cu->trace_K[j], cF[c] = cu->trace_flags[j], cn[c] = 0, cact[c] = cgap[c] = 0, nclass++;
-        cn[c]++;
-        cact[c] += act[j];
-        cgap[c] += gapn[j];
+        if (c == ncl) {
+            cl[c].N = cu->trace_N[j], cl[c].K = cu->trace_K[j], cl[c].flags = cu->trace_flags[j];
+            cl[c].n = 0, cl[c].active = cl[c].gap = 0;
+            ncl++;
+        }
+        cl[c].n++;
+        cl[c].active += act[j];
+        cl[c].gap += gapn[j];
     }
-    fprintf(f, "\n| GEMV class | n | mean active us | GB/s | mean gap to next us |\n|---|---|---|---|---|\n");
-    for (int c = 0; c < nclass; c++) {
-        double bytes = 2.0 * cN[c] * cK[c] * ((cF[c] & 4) ? 2 : 1);
-        fprintf(f, "| %d x %d%s%s%s, tpr %d | %d | %.2f | %.0f | %.2f |\n", cN[c], cK[c], cF[c] & 1 ? " norm" : "",
-                cF[c] & 2 ? " +res" : "", cF[c] & 4 ? " swiglu" : "", cF[c] >> 4, cn[c], cact[c] / cn[c] / 1e3,
-                bytes * cn[c] / cact[c], cgap[c] / cn[c] / 1e3);
+    fprintf(f, "\n| GEMV class | n | mean active us | GB/s | mean gap to next us |\n"
+               "|---|---|---|---|---|\n");
+    for (int c = 0; c < ncl; c++) {
+        const int fl = cl[c].flags;
+        double bytes = 2.0 * cl[c].N * cl[c].K * ((fl & 4) ? 2 : 1);
+        fprintf(f, "| %d x %d%s%s%s, tpr %d | %d | %.2f | %.0f | %.2f |\n", cl[c].N, cl[c].K,
+                fl & 1 ? " norm" : "", fl & 2 ? " +res" : "", fl & 4 ? " swiglu" : "", fl >> 4,
+                cl[c].n, cl[c].active / cl[c].n / 1e3, bytes * cl[c].n / cl[c].active,
+                cl[c].gap / cl[c].n / 1e3);
     }
     free(act);
     free(gapn);

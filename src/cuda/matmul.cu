@@ -375,7 +375,8 @@ static double gemv_cost_rounds(const struct gemv_shape *sh, long pairs, long K8,
  * STRATA_GEMV_SHAPE=i forces shape i. */
 static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
     if (cu->gemv_shape >= 0 && cu->gemv_shape < N_GEMV_SHAPES) return cu->gemv_shape;
-    if (cu->gemv_model != 0 && pairs >= (long)(GEMV_THREADS / WARP_SIZE / 2) * cap) return cu->gemv_wide;
+    if (cu->gemv_model != 0 && pairs >= (long)(GEMV_THREADS / WARP_SIZE / 2) * cap)
+        return cu->gemv_wide;
     int best = -1;
     double best_c = 1e29;
     for (int pass = cu->gemv_model != 0 ? 0 : 1; pass < 2 && best < 0; pass++)
