@@ -6,6 +6,7 @@
  * per prefill, and the per-op time of one decode step. Random token ids (seeded): speed does not
  * depend on what the tokens say. Prints a markdown table last. It does not measure through the
  * HTTP server. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,20 @@ static double time_steps(struct model *m, int n) {
     return now_ms() - t0;
 }
 
+/* An option's integer value in [lo, hi]: 0, or -1 with a message naming the option. */
+static int opt_int(const char *opt, const char *v, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "strata bench: %s \"%s\": expected an integer from %d to %d\n", opt, v, lo,
+                hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     struct model_options opt = {0};
@@ -80,13 +95,17 @@ int cmd_bench(int argc, char **argv) {
     opt.backend = BACKEND_AUTO;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--model") && v) dir = v, i++;
-        else if (!strcmp(a, "--ctx") && v) opt.ctx = atoi(v), i++;
-        else if (!strcmp(a, "--threads") && v) opt.n_threads = atoi(v), i++;
-        else if (!strcmp(a, "--reps") && v) reps = atoi(v), i++;
+        int *num = NULL, lo = 0; /* a numeric option */
+        if (v && !strcmp(a, "--ctx")) num = &opt.ctx;
+        else if (v && !strcmp(a, "--threads")) num = &opt.n_threads;
+        else if (v && !strcmp(a, "--reps")) num = &reps, lo = 1;
+        else if (v && !strcmp(a, "--at")) num = &at, lo = 2, long_ctx = 0;
+        if (num) {
+            if (opt_int(a, v, lo, 1 << 24, num) != 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--model") && v) dir = v, i++;
         else if (!strcmp(a, "--short")) long_ctx = 0;
         else if (!strcmp(a, "--tg-only")) tg_only = 1, long_ctx = 0;
-        else if (!strcmp(a, "--at") && v) at = atoi(v), long_ctx = 0, i++;
         else if (!strcmp(a, "--backend") && v) {
             opt.backend = !strcmp(v, "cpu") ? BACKEND_CPU : !strcmp(v, "cuda") ? BACKEND_CUDA
                                                                                : BACKEND_AUTO;

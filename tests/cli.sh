@@ -41,6 +41,8 @@ ok '! echo "{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\"}]}" | "$exe
 ok '[ $rc -eq 0 ] && grep -Eq "^decode at 100 .*: [0-9.]+ tok/s" "$tmp/b"' "bench --at"
 "$exe" bench --backend cpu --at 5000 --reps 1 >/dev/null 2>"$tmp/b2"; rc=$?
 ok '[ $rc -eq 2 ] && grep -q "needs a context of 5050" "$tmp/b2"' "bench --at past the context"
+"$exe" bench --backend cpu --at 12x >/dev/null 2>"$tmp/b3"; rc=$?
+ok '[ $rc -eq 2 ] && grep -q "expected an integer from 2" "$tmp/b3"' "bench: malformed number refused"
 
 # errors: clear message, non-zero exit, no crash (exit < 128)
 "$exe" run --model /nonexistent --prompt-ids 1 >/dev/null 2>"$tmp/e1"; rc=$?
