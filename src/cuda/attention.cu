@@ -245,6 +245,45 @@ static __device__ __forceinline__ void prefetch_rows(const uint16_t *kc, const u
     }
 }
 
+/* Before the wait: this lane's words of the first U rows of [a, b) that earlier steps wrote
+ * (rows < p; zero elsewhere). */
+template <int U>
+static __device__ __forceinline__ void load_first_rows(const uint16_t *kc, const uint16_t *vc, int hd,
+                                                       int a, int b, int p, bool on, uint4 (&kk)[U],
+                                                       uint4 (&vv)[U]) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int j = a + u;
+        const bool ok = on && j < b && j < p;
+        kk[u] = ok ? *(const uint4 *)(kc + (size_t)j * hd + lane * 8) : zero;
+        vv[u] = ok ? *(const uint4 *)(vc + (size_t)j * hd + lane * 8) : zero;
+    }
+}
+
+/* Before the wait: this lane's words of the q / k norm weights (k only where need_k) and of the
+ * RoPE cos / sin row pr, as norm_rope_lane takes them. */
+struct prep_words {
+    uint4 qw, kw, cw, sw;
+};
+static __device__ __forceinline__ prep_words load_prep_words(const uint16_t *q_norm,
+                                                             const uint16_t *k_norm,
+                                                             const uint16_t *rope_cos,
+                                                             const uint16_t *rope_sin, int pr,
+                                                             int rot, bool on, bool need_k) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int half = rot / 2, j0 = lane * 8 < half ? lane * 8 : lane * 8 - half;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const bool rotated = lane * 8 < rot;
+    prep_words w;
+    w.qw = on ? *(const uint4 *)(q_norm + lane * 8) : zero;
+    w.kw = on && need_k ? *(const uint4 *)(k_norm + lane * 8) : zero;
+    w.cw = rotated ? *(const uint4 *)(rope_cos + (size_t)pr * half + j0) : zero;
+    w.sw = rotated ? *(const uint4 *)(rope_sin + (size_t)pr * half + j0) : zero;
+    return w;
+}
+
 template <int G>
 static __global__ void __launch_bounds__(ATTN_WARPS *WARP_SIZE, 2)
 attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qkv,
@@ -284,22 +323,12 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
     /* 1. before the wait: rows < p were written by earlier steps (row p is written below); the
      * norm weights and this position's RoPE row */
     uint4 kk[DEC_U], vv[DEC_U];
-#pragma unroll
-    for (int u = 0; u < DEC_U; u++) {
-        const int j = a + u;
-        const bool ok = on && j < b && j < p;
-        kk[u] = ok ? *(const uint4 *)(kc + (size_t)j * hd + lane * 8) : zero;
-        vv[u] = ok ? *(const uint4 *)(vc + (size_t)j * hd + lane * 8) : zero;
-    }
+    load_first_rows<DEC_U>(kc, vc, hd, a, b, p, on, kk, vv);
     prefetch_rows(kc, vc, hd, a + DEC_U, min(b, a + DEC_U + DEC_PF));
     const bool owner = p < max_ctx && split == p / chunk; /* model.c stops at a full context */
     const int pr = min(p, max_ctx - 1);                   /* RoPE row (never past the table) */
-    const int half = rot / 2, j0 = lane * 8 < half ? lane * 8 : lane * 8 - half;
-    const uint4 qw = on ? *(const uint4 *)(q_norm + lane * 8) : zero;
-    const uint4 kw = on && owner ? *(const uint4 *)(k_norm + lane * 8) : zero;
-    const bool rotated = lane * 8 < rot;
-    const uint4 cw = rotated ? *(const uint4 *)(rope_cos + (size_t)pr * half + j0) : zero;
-    const uint4 sw = rotated ? *(const uint4 *)(rope_sin + (size_t)pr * half + j0) : zero;
+    const prep_words pw = load_prep_words(q_norm, k_norm, rope_cos, rope_sin, pr, rot, on, owner);
+    const uint4 qw = pw.qw, kw = pw.kw, cw = pw.cw, sw = pw.sw;
     grid_dependency_wait(); /* qkv comes from the GEMV before */
     ktrace_stamp(tr, 1);
 
@@ -509,22 +538,12 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
     /* 1. before the wait: this warp's first keys (rows < p, written by earlier steps), the rest
      * of its rows towards L2, the norm weights and this position's RoPE row */
     uint4 kk[SHORT_U], vv[SHORT_U];
-#pragma unroll
-    for (int u = 0; u < SHORT_U; u++) {
-        const int j = a + u;
-        const bool ok = on && j < b && j < p;
-        kk[u] = ok ? *(const uint4 *)(kc + (size_t)j * hd + lane * 8) : zero;
-        vv[u] = ok ? *(const uint4 *)(vc + (size_t)j * hd + lane * 8) : zero;
-    }
+    load_first_rows<SHORT_U>(kc, vc, hd, a, b, p, on, kk, vv);
     prefetch_rows(kc, vc, hd, a + SHORT_U, min(b, p));
     const bool has_p = p < max_ctx && a <= p && p < b; /* warp-uniform */
     const int pr = min(p, max_ctx - 1);
-    const int half = rot / 2, j0 = lane * 8 < half ? lane * 8 : lane * 8 - half;
-    const uint4 qw = on ? *(const uint4 *)(q_norm + lane * 8) : zero;
-    const uint4 kw = on && has_p ? *(const uint4 *)(k_norm + lane * 8) : zero;
-    const bool rotated = lane * 8 < rot;
-    const uint4 cw = rotated ? *(const uint4 *)(rope_cos + (size_t)pr * half + j0) : zero;
-    const uint4 sw = rotated ? *(const uint4 *)(rope_sin + (size_t)pr * half + j0) : zero;
+    const prep_words pw = load_prep_words(q_norm, k_norm, rope_cos, rope_sin, pr, rot, on, has_p);
+    const uint4 qw = pw.qw, kw = pw.kw, cw = pw.cw, sw = pw.sw;
     grid_dependency_wait(); /* qkv comes from the GEMV before */
     ktrace_stamp(tr, 1);
 
