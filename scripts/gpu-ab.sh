@@ -33,9 +33,13 @@ for s in $SIZES; do
 done
 BASE=
 if [ -n "${BASE_TAR:-}" ] && [ -f "$BASE_TAR" ]; then
-    rm -rf /tmp/strata-base && mkdir -p /tmp/strata-base && tar xf "$BASE_TAR" -C /tmp/strata-base
-    if (cd /tmp/strata-base && CPATH=$ROOT/.deps/prefix/include LIBRARY_PATH=$ROOT/.deps/prefix/lib \
+    sum=$(md5sum <"$BASE_TAR")
+    if [ -x /tmp/strata-base/build/strata ] && [ "$(cat /tmp/strata-base.md5 2>/dev/null)" = "$sum" ]; then
+        BASE=/tmp/strata-base/build/strata # built by an earlier gpu-ab.sh of this call
+    elif rm -rf /tmp/strata-base && mkdir -p /tmp/strata-base && tar xf "$BASE_TAR" -C /tmp/strata-base &&
+        (cd /tmp/strata-base && CPATH=$ROOT/.deps/prefix/include LIBRARY_PATH=$ROOT/.deps/prefix/lib \
         make -j"$(nproc)" BUILD=build NVCC="$(command -v nvcc)" all >/tmp/strata-base.log 2>&1); then
+        echo "$sum" >/tmp/strata-base.md5
         BASE=/tmp/strata-base/build/strata
     else
         echo "base build failed:"; tail -5 /tmp/strata-base.log
