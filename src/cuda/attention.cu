@@ -125,8 +125,10 @@ static __device__ __forceinline__ void attend_range(const float (&qv)[G][8], con
  *     whose chunk holds *pos the new K/V row to the cache;
  *  3. each warp walks its sub-chunk DEC_U keys at a time for all G query heads (K/V read once
  *     per KV head), the next group's K loads issued before the current group's softmax and its
- *     V loads before the next group's scores (software pipelined, no extra registers), one max
- *     update per group; the block's 8 warps merge in shared memory into a partial (acc, max, sum);
+ *     V loads before the next group's scores (software pipelined, no extra registers); scores,
+ *     maxima and sums in base 2, the group's scores summed by one reduce-scatter, the max moved
+ *     lazily (run 43: the walk at 32k went from ~65 to ~38 us per layer, 3.5 TB/s); the block's
+ *     8 warps merge in shared memory into a partial (acc, max, sum);
  *     A split holds at least min_chunk keys: short contexts run in one block per KV head,
  *     which writes the gated output itself (no partials, no counter);
  *  4. the partials merge in a two-level tree through last-block counters (always left at zero):
@@ -136,12 +138,20 @@ static __device__ __forceinline__ void attend_range(const float (&qv)[G][8], con
 #define DEC_U 2               /* keys per group (more spills at 2 blocks/SM) */
 #define DEC_PF 8              /* rows ahead that each warp asks L2 for */
 #define DEC_GROUP 16          /* splits per first-level merge; nsplit <= DEC_GROUP^2 */
+#define DEC_TH 8.0f           /* lazy max: rescale when a score passes the max by this (base 2) */
+#define LOG2E_F 1.4426950408889634f
 #define DEC_COUNTERS 64       /* this file's last-block counters: cu->counters[64 ..) */
 #define DEC_CNT_PER_KV (DEC_GROUP + 1)
 
-/* Merges `cnt` partial slots (slot i at ph + i * sstride floats, layout (hd + 2): acc, max, sum)
- * of each of the G heads (head gi's slots start at part_h + gi * hstride); with out == NULL the
- * result goes back into slot 0 as a partial, else it is normalised, gated and written as bf16. */
+/* A partial slot: acc (hd), max, sum (base 2), two floats of padding: slots start 16-byte
+ * aligned, so merge_slots reads them as float4. */
+#define DEC_SLOT(hd) ((hd) + 4)
+
+/* Merges `cnt` partial slots (slot i at ph + i * sstride floats, DEC_SLOT layout) of each of the
+ * G heads (head gi's slots start at part_h + gi * hstride); with out == NULL the result goes
+ * back into slot 0 as a partial, else it is normalised, gated and written as bf16. Each thread
+ * loads its quad of every slot before summing any, so the cnt loads are in flight together (one
+ * L2 round trip, not cnt: run 42 measured ~10 us per level at 16 slots with a load per use). */
 template <int G>
 static __device__ void merge_slots(const float *part_h, size_t hstride, size_t sstride, int cnt,
                                    int hd, float *fw, float *MLs, float *slot0_w, uint16_t *out,
@@ -155,47 +165,40 @@ static __device__ void merge_slots(const float *part_h, size_t hstride, size_t s
             ls = load_coherent(ph + (size_t)lane * sstride + hd + 1);
         }
         const float M = warp_max(ls > 0.0f ? ms : -INFINITY);
-        const float f = ls > 0.0f && M != -INFINITY ? expf(ms - M) : 0.0f;
-        if (lane < DEC_GROUP) fw[gi * DEC_GROUP + lane] = f;
+        const float f = ls > 0.0f && M != -INFINITY ? exp2f(ms - M) : 0.0f;
+        if (lane < DEC_GROUP) fw[gi * DEC_GROUP + lane] = f; /* 0 past cnt */
         const float L = warp_sum(f * ls);
         if (lane == 0) MLs[2 * gi] = M, MLs[2 * gi + 1] = L;
     }
     __syncthreads();
-    /* this thread's elements (at most G: G hd <= G * 256 threads), summed in slot order. Meant
-     * to have every load in flight at once, but each slot's loads are used right away, so the
-     * compiled code waits one L2 round trip per slot (PTX); loading all slots first (48 bytes
-     * of spill at G = 4) measured no faster (bench/RESULTS.md run 27) */
-    float Av[G], gt[G];
+    for (int qi = tid; qi < G * hd / 4; qi += ATTN_WARPS * WARP_SIZE) { /* hd % 8 == 0 */
+        const int gi = qi * 4 / hd, d = qi * 4 % hd;
+        const float *src = part_h + gi * hstride + d;
+        float4 v[DEC_GROUP];
 #pragma unroll
-    for (int k = 0; k < G; k++) {
-        const int idx = tid + k * ATTN_WARPS * WARP_SIZE, gi = idx / hd, d = idx % hd;
-        Av[k] = 0.0f;
-        gt[k] = out && idx < G * hd ? bf2f(gate_h[(size_t)(h0 + gi) * 2 * hd + hd + d]) : 0.0f;
-    }
+        for (int i = 0; i < DEC_GROUP; i++)
+            v[i] = i < cnt ? load_coherent4(src + (size_t)i * sstride) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < DEC_GROUP; i++) {
-#pragma unroll
-        for (int k = 0; k < G; k++) {
-            const int idx = tid + k * ATTN_WARPS * WARP_SIZE, gi = idx / hd, d = idx % hd;
-            const float v = i < cnt && idx < G * hd
-                                ? load_coherent(part_h + gi * hstride + d + (size_t)i * sstride)
-                                : 0.0f;
-            if (i < cnt && idx < G * hd) Av[k] += v * fw[gi * DEC_GROUP + i];
+        for (int i = 0; i < DEC_GROUP; i++) { /* slot order */
+            const float f = fw[gi * DEC_GROUP + i];
+            A[0] += v[i].x * f;
+            A[1] += v[i].y * f;
+            A[2] += v[i].z * f;
+            A[3] += v[i].w * f;
         }
-    }
-#pragma unroll
-    for (int k = 0; k < G; k++) {
-        const int idx = tid + k * ATTN_WARPS * WARP_SIZE;
-        if (idx >= G * hd) break;
-        const int gi = idx / hd, d = idx % hd;
-        const float A = Av[k];
         const float L = MLs[2 * gi + 1];
         if (out) {
-            float o = L > 0.0f ? A / L : 0.0f;
-            out[(size_t)(h0 + gi) * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gt[k]))); /* HF: * sigmoid(gate) */
+            const int h = h0 + gi;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float o = L > 0.0f ? A[e] / L : 0.0f;
+                const float gt = bf2f(gate_h[(size_t)h * 2 * hd + hd + d + e]);
+                out[(size_t)h * hd + d + e] = f2bf(bfr(o) * bfr(sigmoid_f(gt))); /* HF: * sigmoid(gate) */
+            }
         } else {
             float *pw = slot0_w + gi * hstride;
-            pw[d] = A;
+            *(float4 *)(pw + d) = make_float4(A[0], A[1], A[2], A[3]);
             if (d == 0) pw[hd] = MLs[2 * gi], pw[hd + 1] = L;
         }
     }
@@ -358,23 +361,42 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
             vv[u] = *(const uint4 *)(vc + (size_t)p * hd + lane * 8);
         }
 
-    /* 3. the keys [a, b) of this warp for the G heads */
-    uint4 qp[G]; /* q as packed bf16 (its values are bf16 exactly): half the registers */
-    float m[G], l[G], acc[G][8];
+    /* 3. the keys [a, b) of this warp for the G heads, in base 2 (q carries scale * log2 e, so
+     * the weights are exp2 of score - max, one ex2 each). Per group of DEC_U keys: the NV = DEC_U G
+     * partial scores are summed by one reduce-scatter (NV - 1 + log2(32 / NV) shuffles, against
+     * 5 NV for a warp_sum each), after which each lane holds one score (key vu, head vg) and keeps
+     * the running max mh and sum lh of that (key slot, head); the weights are broadcast for the
+     * V update. The max moves lazily: only when a score passes it by DEC_TH (weights stay below
+     * 2^DEC_TH, far from fp32 overflow), so acc is rarely rescaled; the result is the same
+     * softmax up to fp32 rounding. */
+    constexpr int NV = DEC_U * G, REP = WARP_SIZE / NV;
+    const int vu = lane / REP / G; /* this lane holds key vu, head (lane / REP) % G after the sum */
+    float q[G][8], acc[G][8];
+    const float qscale = scale * LOG2E_F;
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
-        m[gi] = -INFINITY;
-        l[gi] = 0.0f;
-        qp[gi] = on ? qs[gi * WARP_SIZE + lane] : zero;
+        float f[8];
+        unpack8(on ? qs[gi * WARP_SIZE + lane] : zero, f);
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[gi][e] = 0.0f;
+        for (int e = 0; e < 8; e++) {
+            q[gi][e] = f[e] * qscale;
+            acc[gi][e] = 0.0f;
+        }
     }
+    float mh = -INFINITY, lh = 0.0f;
     for (int j = a; j < b; j += DEC_U) {
-        float sc[DEC_U][G];
+        float sc[NV];
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
+            float kf[8];
+            unpack8(kk[u], kf);
 #pragma unroll
-            for (int gi = 0; gi < G; gi++) sc[u][gi] = dot8(qp[gi], kk[u]);
+            for (int gi = 0; gi < G; gi++) {
+                float d = q[gi][0] * kf[0];
+#pragma unroll
+                for (int e = 1; e < 8; e++) d = fmaf(q[gi][e], kf[e], d);
+                sc[u * G + gi] = d;
+            }
         }
         const int jn = j + DEC_U;
         prefetch_rows(kc, vc, hd, jn + DEC_PF, min(b, jn + DEC_PF + DEC_U));
@@ -383,31 +405,34 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
             const bool ok = on && jn + u < b;
             kk[u] = ok ? *(const uint4 *)(kc + (size_t)(jn + u) * hd + lane * 8) : zero;
         }
+        float s = warp_sum_scatter<NV>(sc);
+        if (j + vu >= b) s = -INFINITY; /* past the warp's keys */
+        float mx = s; /* the group's max for head vg: over the lanes of the other keys */
 #pragma unroll
-        for (int u = 0; u < DEC_U; u++)
+        for (int o = WARP_SIZE / 2; o >= REP * G; o /= 2) mx = fmaxf(mx, shfl_xor(mx, o));
+        if (warp_any(mx > mh + DEC_TH)) { /* key j exists: mx is finite */
+            const float mn = fmaxf(mh, mx), corr = exp2f(mh - mn); /* 0 the first time */
+            lh *= corr;
+            mh = mn;
 #pragma unroll
-            for (int gi = 0; gi < G; gi++)
-                sc[u][gi] = j + u < b ? warp_sum(sc[u][gi]) * scale : -INFINITY;
+            for (int gi = 0; gi < G; gi++) {
+                const float c = shfl_from(corr, gi * REP);
 #pragma unroll
-        for (int gi = 0; gi < G; gi++) {
-            float mn = m[gi];
-#pragma unroll
-            for (int u = 0; u < DEC_U; u++) mn = fmaxf(mn, sc[u][gi]); /* finite: key j exists */
-            const float corr = expf(m[gi] - mn);
-            float pu[DEC_U], ps = 0.0f;
-#pragma unroll
-            for (int u = 0; u < DEC_U; u++) ps += (pu[u] = expf(sc[u][gi] - mn));
-            l[gi] = l[gi] * corr + ps;
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[gi][e] *= corr;
-#pragma unroll
-            for (int u = 0; u < DEC_U; u++) {
-                float vf[8];
-                unpack8(vv[u], vf);
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[gi][e] = fmaf(pu[u], vf[e], acc[gi][e]);
+                for (int e = 0; e < 8; e++) acc[gi][e] *= c;
             }
-            m[gi] = mn;
+        }
+        const float w = exp2f(s - mh); /* 0 past the keys */
+        lh += w;
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            float vf[8];
+            unpack8(vv[u], vf);
+#pragma unroll
+            for (int gi = 0; gi < G; gi++) {
+                const float wu = shfl_from(w, (u * G + gi) * REP);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[gi][e] = fmaf(wu, vf[e], acc[gi][e]);
+            }
         }
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
@@ -415,33 +440,35 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
             vv[u] = ok ? *(const uint4 *)(vc + (size_t)(jn + u) * hd + lane * 8) : zero;
         }
     }
+#pragma unroll
+    for (int o = WARP_SIZE / 2; o >= REP * G; o /= 2) lh += shfl_xor(lh, o); /* over the keys */
 
     /* the block's 8 warps -> one partial per query head (or, when this block holds every key,
      * the output: the merge of one partial is that partial) */
     ktrace_stamp(tr, 3);
-    const int stride = hd + 2;
+    const int wstride = hd + 2, stride = DEC_SLOT(hd);
 #pragma unroll
     for (int gi = 0; gi < G; gi++) {
-        float *w = wsm + ((size_t)wid * G + gi) * stride;
+        float *w = wsm + ((size_t)wid * G + gi) * wstride;
         if (on)
 #pragma unroll
             for (int e = 0; e < 8; e++) w[lane * 8 + e] = acc[gi][e];
-        if (lane == 0) {
-            w[hd] = m[gi];
-            w[hd + 1] = l[gi];
+        if (lane == gi * REP) { /* the lane holding head gi's max and sum */
+            w[hd] = mh;
+            w[hd + 1] = lh;
         }
     }
     __syncthreads();
     for (int idx = tid; idx < G * hd; idx += blockDim.x) {
         int gi = idx / hd, d = idx % hd;
         float M = -INFINITY;
-        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, wsm[((size_t)w * G + gi) * stride + hd]);
+        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, wsm[((size_t)w * G + gi) * wstride + hd]);
         float A = 0.0f, L = 0.0f;
         if (M != -INFINITY)
             for (int w = 0; w < ATTN_WARPS; w++) {
-                const float *ws = wsm + ((size_t)w * G + gi) * stride;
+                const float *ws = wsm + ((size_t)w * G + gi) * wstride;
                 if (ws[hd] == -INFINITY) continue;
-                float f = expf(ws[hd] - M);
+                float f = exp2f(ws[hd] - M);
                 A += ws[d] * f;
                 L += ws[hd + 1] * f;
             }

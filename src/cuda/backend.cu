@@ -649,7 +649,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     int splits = (2 * cu->info.n_sm + nKV - 1) / nKV;
     if (splits > 256) splits = 256;
     cu->attn_splits = splits;
-    cu->attn_part = (float *)dev_alloc(cu, (size_t)nH * splits * (hd + 2) * sizeof(float),
+    cu->attn_part = (float *)dev_alloc(cu, (size_t)nH * splits * (hd + 4) * sizeof(float),
                                        "attention scratch");
     cu->gdn_y = (uint16_t *)dev_alloc(cu, T * c->conv_dim * 2, "deltanet scratch");
     cu->gdn_qk = (float *)dev_alloc(cu, T * 2 * Hk * dk * sizeof(float), "deltanet scratch");

@@ -213,6 +213,33 @@ static __device__ __forceinline__ float shfl_xor(float v, int o) {
 static __device__ __forceinline__ int shfl_xor_int(int v, int o) {
     return __shfl_xor_sync(FULL_MASK, v, o);
 }
+/* lane src's v, every lane */
+static __device__ __forceinline__ float shfl_from(float v, int src) {
+    return __shfl_sync(FULL_MASK, v, src);
+}
+/* whether c holds in any lane of the warp */
+static __device__ __forceinline__ bool warp_any(bool c) { return __any_sync(FULL_MASK, c); }
+/* Sums each of the NV values (NV a power of two <= WARP_SIZE) over the warp, a reduce-scatter:
+ * returns in lane L the sum of value L / (WARP_SIZE / NV) (each sum in WARP_SIZE / NV lanes).
+ * NV - 1 + log2(WARP_SIZE / NV) shuffles where NV warp_sums take NV log2(WARP_SIZE). */
+template <int NV>
+static __device__ __forceinline__ float warp_sum_scatter(float (&v)[NV]) {
+    static_assert(NV >= 1 && NV <= WARP_SIZE && (NV & (NV - 1)) == 0, "NV: a power of two");
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int half = NV / 2, o = WARP_SIZE / 2; half >= 1; half /= 2, o /= 2) {
+        const bool upper = lane & o; /* keeps the upper half of the values, sends the lower */
+#pragma unroll
+        for (int i = 0; i < half; i++) {
+            const float send = upper ? v[i] : v[i + half], keep = upper ? v[i + half] : v[i];
+            v[i] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+        }
+    }
+    float s = v[0];
+#pragma unroll
+    for (int o = WARP_SIZE / NV / 2; o > 0; o /= 2) s += __shfl_xor_sync(FULL_MASK, s, o);
+    return s;
+}
 
 /* bf16 bits <-> fp32; rounding is round-to-nearest-even (as util.h) */
 static __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
@@ -248,6 +275,7 @@ static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 static __device__ __forceinline__ uint4 load_stream(const uint4 *p) { return __ldcs(p); }
 /* Data another block of the same launch wrote (after a fence): bypass the non-coherent L1. */
 static __device__ __forceinline__ float load_coherent(const float *p) { return __ldcg(p); }
+static __device__ __forceinline__ float4 load_coherent4(const float *p) { return __ldcg((const float4 *)p); }
 static __device__ __forceinline__ void fence_device(void) { __threadfence(); }
 /* Programmatic dependent launch: wait until the previous kernel of the stream has completed and
  * its writes are visible (a no-op when launched without the attribute). */
