@@ -603,6 +603,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
         cu->gdn_lpc = 0;
     }
     cu->attn_min_chunk = env_int("STRATA_ATTN_CHUNK", 32, 1, 1 << 20);
+    cu->attn_pf = env_int("STRATA_ATTN_PF", 0, 0, 1 << 10);
     cu->attn_short = env_int("STRATA_ATTN_SHORT", 512, 0, 1 << 16);
     cu->skip = env_int("STRATA_SKIP_DECODE", 0, 0, 3); /* timing only: 1 gdn step, 2 attention */
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);

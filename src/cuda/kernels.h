@@ -99,6 +99,7 @@ struct cuda {
     int attn_splits;
     int gdn_lpc;        /* decode DeltaNet step: lanes per state column (STRATA_GDN_LPC=8|4; 0:
                            chosen from the model, gdn.cu) */
+    int attn_pf;        /* decode: rows ahead the split walk asks L2 for (STRATA_ATTN_PF, 0: none) */
     int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 32) */
     int attn_short;     /* decode: a block per query head up to this many keys (STRATA_ATTN_SHORT,
                            default 512; 0: split-KV always) */
