@@ -290,8 +290,13 @@ static void check_chain(struct pair *p, const struct config *c, const char *tag)
 
 /* Attention of T tokens at position pos0 with the cache already holding pos0 random entries.
  * With graph_steps > 0 (T = 1): the op is captured once and replayed at pos0+1, pos0+2, ... */
-static void check_attention(struct pair *p, const struct config *c, const char *tag, int max_ctx,
-                            int pos0, int T, int graph_steps) {
+/* Attention of T tokens at pos0 against a random cache (graph_steps > 0: a graph recorded once and
+ * replayed at pos0 .. pos0 + graph_steps - 1). With spread > 0 cache row j's keys are scaled by
+ * 1 + spread * h(j) / 16 (h: a hash of j, 0..15), so scores range widely and a later key often
+ * passes the running max by far: the decode walk's lazy rescale (attention.cu, DEC_TH) and the
+ * merge of partials with very different maxima are exercised, not only the first group's. */
+static void check_attention_k(struct pair *p, const struct config *c, const char *tag, int max_ctx,
+                              int pos0, int T, int graph_steps, float spread) {
     int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     size_t row = (size_t)2 * nH * hd + 2 * nKV * hd;
     int steps = graph_steps > 0 ? graph_steps : 1;
@@ -302,6 +307,12 @@ static void check_attention(struct pair *p, const struct config *c, const char *
     size_t ncache = (size_t)nKV * max_ctx * hd;
     uint16_t *qkv = rand_bf16(nqkv, 2.0f), *qn = rand_bf16(hd, 0.5f), *kn = rand_bf16(hd, 0.5f);
     uint16_t *kc = rand_bf16(ncache, 1.0f), *vc = rand_bf16(ncache, 1.0f);
+    if (spread > 0.0f)
+        for (size_t r = 0; r < (size_t)nKV * max_ctx; r++) {
+            const uint32_t j = (uint32_t)(r % (size_t)max_ctx), h = (j * 2654435761u) >> 28;
+            const float f = 1.0f + spread * (float)h / 16.0f;
+            for (int d = 0; d < hd; d++) kc[r * hd + d] = f32_to_bf16(bf16_to_f32(kc[r * hd + d]) * f);
+        }
     uint16_t *res[2][8], *kres[2], *vres[2];
     struct backend *bes[2] = {p->cpu, p->gpu};
     CHECK(steps <= 8);
@@ -335,8 +346,8 @@ static void check_attention(struct pair *p, const struct config *c, const char *
     }
     char what[160];
     for (int s = 0; s < steps; s++) {
-        snprintf(what, sizeof what, "%s attention T=%d pos=%d%s", tag, T, pos0 + s,
-                 graph_steps ? " (graph)" : "");
+        snprintf(what, sizeof what, "%s attention T=%d pos=%d%s%s", tag, T, pos0 + s,
+                 graph_steps ? " (graph)" : "", spread > 0.0f ? " (spread keys)" : "");
         /* a k or q value one bf16 ulp apart after its norm and RoPE (summation order) moves a
          * score by ~2^-8 of itself and every softmax weight with it: an output that is a small
          * difference of values gets an absolute error of ~2^-8 of their scale, so the absolute
@@ -350,6 +361,11 @@ static void check_attention(struct pair *p, const struct config *c, const char *
     EXPECT(close_bf16(what, vres[1], vres[0], ncache), "%s", what);
     free(qkv), free(qn), free(kn), free(kc), free(vc);
     free(kres[0]), free(kres[1]), free(vres[0]), free(vres[1]);
+}
+
+static void check_attention(struct pair *p, const struct config *c, const char *tag, int max_ctx,
+                            int pos0, int T, int graph_steps) {
+    check_attention_k(p, c, tag, max_ctx, pos0, T, graph_steps, 0.0f);
 }
 
 /* GDN (the mixer, out_proj and its residual add) over `calls` consecutive calls of T tokens
@@ -510,6 +526,8 @@ static void check_size(const char *size) {
     check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
     check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
     check_attention(&p, &c, size, max_ctx, 508, 1, 8);  /* one graph across the short kernel's end */
+    check_attention_k(&p, &c, size, max_ctx, 4000, 1, 0, 7.0f); /* lazy rescales, split walk */
+    check_attention_k(&p, &c, size, max_ctx, 300, 1, 2, 7.0f);  /* the same keys, short kernel */
     /* the split kernel at short contexts too; the block-per-head kernel over 1,024 keys */
     for (int v = 0; v < 2; v++) {
         setenv("STRATA_ATTN_SHORT", v == 0 ? "0" : "1024", 1);
@@ -553,6 +571,7 @@ static void check_long(const char *size) {
     printf("%s, context %d:\n", size, max_ctx);
     check_attention(&p, &c, size, max_ctx, max_ctx - 1, 1, 0);
     check_attention(&p, &c, size, max_ctx, max_ctx - 5, 1, 5); /* graph replayed to the last slot */
+    check_attention_k(&p, &c, size, max_ctx, max_ctx - 1, 1, 0, 7.0f); /* scores spread widely */
     p.gpu->ops->destroy(p.gpu);
     p.cpu->ops->destroy(p.cpu);
 }
