@@ -33,6 +33,7 @@ struct cuda_gemv_job {
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
+    int nw_pre;                /* the RMSNorm weights loaded before the wait (STRATA_GEMV_NWPRE) */
     const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
     const float *gnorm_w;      /* its weights (dv,) */
     int gdv;                   /* its head size */
@@ -72,6 +73,7 @@ struct cuda {
                                  row group per block) */
     struct cuda_prof prof;
     int gemv_pf_items;        /* STRATA_GEMV_PF: see cuda_gemv_job.pf_items (default 1) */
+    int gemv_nw_pre;          /* STRATA_GEMV_NWPRE: see cuda_gemv_job.nw_pre (default 1) */
     int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
     int gemv_model;           /* STRATA_GEMV_MODEL=0: every GEMV shape by the round model */
     int gemv_wide;            /* the shape of the GEMVs with many rows (cuda_gemv_wide_shape) */

@@ -114,6 +114,15 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     if (GATED) /* the gated norm's weights, behind x in shared memory */
         for (int i = threadIdx.x; i < job.gdv / 4; i += GEMV_THREADS)
             ((float4 *)(xs + K8))[i] = ((const float4 *)job.gnorm_w)[i];
+    /* the RMSNorm's weights (the first two words of each thread) into registers: they do not
+     * depend on the previous kernel, and streaming evicts them from L2, so after the wait they
+     * would be a DRAM round trip beside x's L2 one */
+    uint4 Wpre[2] = {};
+    const bool nw_pre = !GATED && norm_w && job.nw_pre;
+    if (nw_pre)
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            if (threadIdx.x + q * GEMV_THREADS < K8) Wpre[q] = ((const uint4 *)norm_w)[threadIdx.x + q * GEMV_THREADS];
     grid_dependency_wait();
     if (GATED) __syncthreads();
     if (tr) tr[1] = gpu_time_ns();
@@ -145,7 +154,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                 const int i = i0 + q * GEMV_THREADS;
                 if (i < K8) {
                     X[q] = x4[i];
-                    Wn[q] = w4[i];
+                    Wn[q] = nw_pre && i0 == (int)threadIdx.x ? Wpre[q] : w4[i];
                 }
             }
 #pragma unroll
@@ -426,6 +435,7 @@ static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
     if (cu->gemv_persist && blocks > cap) blocks = cap;
     job.tpr = sh->tpr;
     job.pf_items = cu->gemv_pf_items;
+    job.nw_pre = cu->gemv_nw_pre;
     job.trace = trace_slot(cu, &job, (int)blocks);
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
