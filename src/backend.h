@@ -47,6 +47,10 @@ struct backend_ops {
     int (*graph_replay)(struct backend *be, int key);
     void (*graph_begin)(struct backend *be, int key);
     void (*graph_end)(struct backend *be, int key);
+    /* The variant of the decode step's graph at position pos (0 or 1: the ops a backend records
+     * may differ between short and long contexts). model_step keys the step's graph by it and
+     * calls it before graph_replay, so the ops it records are the variant's. May be NULL. */
+    int (*graph_variant)(struct backend *be, int pos);
 
     /* out[t, :] = table[ids[t], :]                                 out (T, H), table (V, H) */
     void (*embed)(struct backend *be, uint16_t *out, const uint16_t *table, const int32_t *ids,

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GRAPH_STEP = 1 };
+enum { GRAPH_STEP = 1, GRAPH_STEP_LONG = 2 }; /* the decode step's graph, by graph_variant */
 #define LOGITS_ROWS 16 /* rows of logits computed per matmul when every position is wanted */
 
 struct layer {
@@ -506,12 +506,13 @@ int model_step(struct model *m, int32_t token) {
     int32_t pos = m->pos;
     be->ops->upload(be, m->ids, &token, sizeof token);
     be->ops->upload(be, m->pos_dev, &pos, sizeof pos);
-    if (!be->ops->graph_replay(be, GRAPH_STEP)) {
-        be->ops->graph_begin(be, GRAPH_STEP);
+    const int key = be->ops->graph_variant && be->ops->graph_variant(be, pos) ? GRAPH_STEP_LONG : GRAPH_STEP;
+    if (!be->ops->graph_replay(be, key)) {
+        be->ops->graph_begin(be, key);
         forward(m, 1);
         logits_rows(m, 0, 1);
         be->ops->argmax(be, m->argmax, m->logits, c->vocab_size);
-        be->ops->graph_end(be, GRAPH_STEP);
+        be->ops->graph_end(be, key);
     }
     m->pos++;
     m->argmax_valid = 1;

@@ -740,13 +740,14 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
     if (ns > DEC_GROUP * DEC_GROUP) ns = DEC_GROUP * DEC_GROUP;
     if (ns < 1) ns = 1;
     const float scale = 1.0f / sqrtf((float)hd);
-    if (cu->attn_short > 0) {
+    if (cu->attn_short > 0 && cu->attn_mode != 1) {
         gpu_launch(cu->pdl, attn_short_kernel, dim3(nKV * G), dim3(SHORT_WARPS * WARP_SIZE), 0,
                    cu->stream, out, qkv, cu->attn_q_norm, cu->attn_k_norm, k_cache, v_cache,
                    (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, G,
                    cu->attn_short, hd,
                    c->rotary_dim, max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * G));
         cu->n_launches++;
+        if (cu->attn_mode == 0) return;
     }
     gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
                cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,

@@ -375,9 +375,19 @@ static int op_graph_replay(struct backend *be, int key) {
         if (cu->graphs[i].key == key) {
             gpu_graph_launch(cu->graphs[i].exec, cu->stream);
             cu->n_launches += (long)gpu_graph_n_nodes(cu->graphs[i].graph);
+            cu->attn_mode = -1;
             return 1;
         }
     return 0;
+}
+/* Decode attention: a step at a position the short kernel covers records it alone, a later one
+ * the split kernel alone (each would otherwise wait and leave at the other's positions, and
+ * the idle one's blocks hold the SMs the next GEMV's early blocks would use). Ops recorded or
+ * run outside model_step (no variant set) launch both. */
+static int op_graph_variant(struct backend *be, int pos) {
+    struct cuda *cu = cuda_of(be);
+    cu->attn_mode = cu->attn_short > 0 && pos + 1 <= cu->attn_short ? 0 : 1;
+    return cu->attn_mode;
 }
 static void op_graph_begin(struct backend *be, int key) {
     struct cuda *cu = cuda_of(be);
@@ -389,6 +399,7 @@ static void op_graph_begin(struct backend *be, int key) {
 }
 static void op_graph_end(struct backend *be, int key) {
     struct cuda *cu = cuda_of(be);
+    cu->attn_mode = -1;
     if (!cu->capturing) return;
     CHECK(cu->capturing == key);
     struct cuda_graph_slot *g = &cu->graphs[cu->n_graphs++];
@@ -548,6 +559,7 @@ static const struct backend_ops cuda_ops = {
     op_graph_replay,
     op_graph_begin,
     op_graph_end,
+    op_graph_variant,
     op_embed,
     op_matmul,
     op_matmul_swiglu,
@@ -609,6 +621,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->attn_min_chunk = env_int("STRATA_ATTN_CHUNK", 32, 1, 1 << 20);
     cu->attn_pf = env_int("STRATA_ATTN_PF", 0, 0, 1 << 10);
     cu->attn_short = env_int("STRATA_ATTN_SHORT", 512, 0, 1 << 16);
+    cu->attn_mode = -1;
     cu->skip = env_int("STRATA_SKIP_DECODE", 0, 0, 3); /* timing only: 1 gdn step, 2 attention */
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);
     size_t ws = (size_t)32 << 20;

@@ -108,6 +108,8 @@ struct cuda {
     int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 32) */
     int attn_short;     /* decode: a block per query head up to this many keys (STRATA_ATTN_SHORT,
                            default 512; 0: split-KV always) */
+    int attn_mode;      /* decode attention kernels to launch: 0 short, 1 split, -1 both
+                           (op_graph_variant sets it for one step) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
                                                  cuda_attn_decode, which folds the prep in */
     uint16_t *gdn_y;   /* (max_T, conv_dim) conv + SiLU outputs */
