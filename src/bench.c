@@ -305,9 +305,13 @@ int cmd_bench(int argc, char **argv) {
         printf("| launches per prefill, 4000 tokens (%d forward call%s of <= %d tokens) | %ld |\n",
                (4000 + be->max_T - 1) / be->max_T, 4000 > be->max_T ? "s" : "", be->max_T, l4k);
 #ifdef STRATA_CUDA
-    if (is_cuda(m))
+    if (is_cuda(m)) {
         printf("| CUDA backend scratch (max_T %d, context %d) | %.1f MiB |\n", be->max_T, ctx,
                backend_cuda_scratch_bytes(be) / 1048576.0);
+        char res[160];
+        if (backend_cuda_residency(be, res, sizeof res))
+            printf("| registers per SM: DeltaNet step block beside two GEMV blocks | %s |\n", res);
+    }
 #endif
     free(breakdown);
     model_free(m);

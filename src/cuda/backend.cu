@@ -255,6 +255,24 @@ extern "C" size_t backend_cuda_scratch_bytes(struct backend *be) {
     return cuda_of(be)->scratch_bytes;
 }
 
+/* Registers are given to a warp in units of 256 (8 per thread). Run 52: when the DeltaNet step's
+ * block did not fit beside the in_proj GEMV's two (that GEMV at 120 registers), its blocks
+ * started only as the GEMV's left and the step's gap grew from 4 to 8 us per layer. */
+extern "C" int backend_cuda_residency(struct backend *be, char *buf, size_t cap) {
+    struct cuda *cu = cuda_of(be);
+    const struct config *c = be->config;
+    if (c->linear_num_value_heads <= 0) return 0;
+    int gt, st;
+    const int shape = cu->gemv_shape >= 0 ? cu->gemv_shape : cu->gemv_wide;
+    const int gr = (cuda_gemv_regs(shape, &gt) + 7) / 8 * 8;
+    const int sr = (cuda_gdn_step_regs(cu, c, &st) + 7) / 8 * 8;
+    const long need = 2L * gt * gr + (long)st * sr;
+    snprintf(buf, cap, "%s: 2 x %d threads x %d + %d x %d = %ld of %d",
+             need <= cu->info.regs_per_sm ? "fits" : "does not fit", gt, gr, st, sr, need,
+             cu->info.regs_per_sm);
+    return 1;
+}
+
 extern "C" void backend_cuda_info(struct backend *be, char *name, size_t name_cap, int *n_sm) {
     struct cuda *cu = cuda_of(be);
     if (name) snprintf(name, name_cap, "%s", cu->info.name);

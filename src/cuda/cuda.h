@@ -26,6 +26,11 @@ int backend_cuda_trace_report(struct backend *be, FILE *f);
 /* Device bytes of the backend's own scratch (sized from the config, max_ctx and max_T: RoPE
  * tables, matmul / attention / DeltaNet scratch, cuBLAS workspace). */
 size_t backend_cuda_scratch_bytes(struct backend *be);
+/* Whether a block of the decode DeltaNet step fits on a multiprocessor beside the two blocks of
+ * the GEMV before it (its state is then loaded while that GEMV streams): the registers of the
+ * three against the multiprocessor's, as "fits: ..." or "does not fit: ..." in buf. 0 when the
+ * model has no DeltaNet layers. */
+int backend_cuda_residency(struct backend *be, char *buf, size_t cap);
 /* Device name and multiprocessor count. */
 void backend_cuda_info(struct backend *be, char *name, size_t name_cap, int *n_sm);
 /* Device-to-device copy bandwidth in bytes (read + written) per second over `bytes`. */

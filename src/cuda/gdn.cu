@@ -362,17 +362,36 @@ static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf,
  * GEMV's blocks leave, and their late start was the step's critical path (run 4: the 4B step
  * 5.7 -> 2.2 us, tg128 +2.5%; the 0.8B, 128 blocks, lost 1.3% with 4). STRATA_GDN_LPC=4|8
  * forces one. */
+static int step_lpc(const struct cuda *cu, const struct config *c) {
+    const int lpc = cu->gdn_lpc ? cu->gdn_lpc
+                  : (long)c->linear_num_value_heads * c->linear_value_head_dim / 16 <= cu->info.n_sm ? 8 : 4;
+    return lpc == 4 ? 4 : 8;
+}
 template <int DK>
 static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                             const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                             const float *A_log, const float *dt_bias, float *state,
                             const int32_t *pos) {
-    const int lpc = cu->gdn_lpc ? cu->gdn_lpc
-                  : (long)c->linear_num_value_heads * c->linear_value_head_dim / 16 <= cu->info.n_sm ? 8 : 4;
-    if (lpc == 4)
+    if (step_lpc(cu, c) == 4)
         launch_step<DK, 4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);
     else
         launch_step<DK, 8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);
+}
+
+/* The decode step kernel cuda_gdn_step launches for this model: registers per thread, threads. */
+template <int DK>
+static int step_regs(struct cuda *cu, const struct config *c) {
+    return step_lpc(cu, c) == 4 ? gpu_kernel_regs(gdn_step_kernel<DK / 4, 4>)
+                                : gpu_kernel_regs(gdn_step_kernel<DK / 8, 8>);
+}
+extern "C" int cuda_gdn_step_regs(struct cuda *cu, const struct config *c, int *threads) {
+    *threads = GDN_THREADS;
+    switch (c->linear_key_head_dim) {
+    case 32: return step_regs<32>(cu, c);
+    case 64: return step_regs<64>(cu, c);
+    case 128: return step_regs<128>(cu, c);
+    default: return 0;
+    }
 }
 
 extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,

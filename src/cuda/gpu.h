@@ -54,6 +54,7 @@ struct gpu_info {
     int n_sm;
     int l2_bytes;
     int smem_optin;      /* max dynamic shared memory per block after opting in */
+    int regs_per_sm;     /* 32-bit registers per multiprocessor */
     size_t free_bytes, total_bytes;
 };
 
@@ -75,6 +76,7 @@ static inline void gpu_get_info(struct gpu_info *gi) {
     gi->n_sm = p.multiProcessorCount;
     gi->l2_bytes = p.l2CacheSize;
     gi->smem_optin = (int)p.sharedMemPerBlockOptin;
+    gi->regs_per_sm = p.regsPerMultiprocessor;
     GPU_CHECK(cudaMemGetInfo(&gi->free_bytes, &gi->total_bytes));
 }
 static inline int gpu_try_malloc(void **p, size_t bytes) {
@@ -148,6 +150,13 @@ static inline int gpu_occupancy(F kernel, int threads, size_t smem) {
     int n = 0;
     GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     return n;
+}
+/* Registers per thread the compiler gave `kernel`. */
+template <typename F>
+static inline int gpu_kernel_regs(F kernel) {
+    cudaFuncAttributes a;
+    GPU_CHECK(cudaFuncGetAttributes(&a, (const void *)kernel));
+    return a.numRegs;
 }
 #endif
 /* Launch with programmatic dependent launch allowed (pdl != 0): the kernel may start while the

@@ -161,6 +161,7 @@ void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t
  * head of dv values: bf16(bf16(norm_w * bf16(o * rsqrt(mean(o^2) + eps))) * sz), sz = silu(z). */
 int cuda_gemv_gated_ok(int K, int dv); /* the shapes cuda_gemv_gated takes */
 int cuda_gemv_wide_shape(int hidden); /* see matmul.cu gemv_pick */
+int cuda_gemv_regs(int shape, int *threads); /* registers per thread of its plain kernel */
 void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                      const float *norm_w, int dv, const uint16_t *W, int N, int K, float eps);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
@@ -184,6 +185,7 @@ void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uin
 /* gdn.cu. Decode: obuf (value_dim,) gets the delta rule's o as bf16 and sz (value_dim,) silu(z),
  * for the gated norm cuda_gemv_gated applies; prefill: out (T, value_dim) is the gated norm's
  * output. */
+int cuda_gdn_step_regs(struct cuda *cu, const struct config *c, int *threads); /* its kernel's */
 void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz, const uint16_t *proj,
                    uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
                    const float *dt_bias, float *state, const int32_t *pos);

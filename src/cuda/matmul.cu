@@ -408,6 +408,12 @@ extern "C" int cuda_gemv_wide_shape(int hidden) {
     return 0;
 }
 
+/* Registers per thread of a shape's plain (normalising, non-gated) kernel; threads per block. */
+extern "C" int cuda_gemv_regs(int shape, int *threads) {
+    *threads = GEMV_THREADS;
+    return gpu_kernel_regs(gemv_shapes[shape].plain);
+}
+
 /* Tracing: the job's timestamp slots (NULL when tracing is off or the buffer is full). */
 static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_job *j, int blocks) {
     if (!cu->trace || !cu->capturing || cu->trace_n >= CUDA_TRACE_JOBS || blocks * 4 > CUDA_TRACE_STRIDE) return NULL;
