@@ -494,6 +494,14 @@ static void check_size(const char *size) {
     }
     check_matmul(&p, size, 1, 1000, H, 0, 0); /* odd row count */
     check_chain(&p, &c, size);
+    { /* a performance invariant, not a result: the decode DeltaNet step's block starts beside the
+       * in_proj GEMV's two (runs 50, 52: 4B lost 2-4% when a GEMV change broke this) */
+        char res[160];
+        if (backend_cuda_residency(p.gpu, res, sizeof res)) {
+            printf("  %-44s %s\n", "DeltaNet step beside two GEMV blocks", res);
+            EXPECT(!strncmp(res, "fits", 4), "%s: the DeltaNet step no longer fits beside the GEMV (%s)", size, res);
+        }
+    }
     /* every GEMV shape (threads per row, loads per item, pipeline depth) on the decode shapes,
      * whichever the launcher would pick */
     for (int shape = 0; shape < CUDA_GEMV_SHAPES; shape++) {
