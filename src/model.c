@@ -50,8 +50,8 @@ struct model {
     uint16_t *mix;    /* (max_T, max(value_dim, nH hd)) mixer outputs */
     uint16_t *mlp;    /* (max_T, I) */
     uint16_t *logits; /* (LOGITS_ROWS, V) */
-    int32_t *ids;     /* (max_T,) */
-    int32_t *pos_dev; /* (1,) position of the first token of the call */
+    int32_t *ids;     /* (max_T,): pos_dev + 1, inside its allocation */
+    int32_t *pos_dev; /* (1 + max_T,): the position of the first token of the call, then ids */
     int32_t *argmax;  /* (1,) */
     size_t weight_bytes;
     int64_t n_params;
@@ -352,8 +352,9 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     m->mix = be->ops->alloc(be, T * mix_out * 2);
     m->mlp = be->ops->alloc(be, T * c->intermediate_size * 2);
     m->logits = be->ops->alloc(be, (size_t)LOGITS_ROWS * V * 2);
-    m->ids = be->ops->alloc(be, T * sizeof(int32_t));
-    m->pos_dev = be->ops->alloc(be, sizeof(int32_t));
+    /* the position, then the ids: a decode step uploads both in one copy */
+    m->pos_dev = be->ops->alloc(be, (size_t)(T + 1) * sizeof(int32_t));
+    m->ids = m->pos_dev + 1;
     m->argmax = be->ops->alloc(be, sizeof(int32_t));
     free(ld.seen);
     safetensors_close(&m->st); /* every weight is on the backend now */
@@ -373,7 +374,7 @@ void model_free(struct model *m) {
         /* every buffer was allocated on this backend; destroying it releases them all only on
          * backends that track allocations, so free them one by one */
         void *bufs[] = {m->embed_tokens, m->norm, m->h, m->proj, m->mix, m->mlp,
-                        m->logits, m->ids, m->pos_dev, m->argmax};
+                        m->logits, m->pos_dev, m->argmax}; /* ids: inside pos_dev's */
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) be->ops->free(be, bufs[i]);
         if (m->lm_head && m->lm_head != m->embed_tokens) be->ops->free(be, m->lm_head);
@@ -504,8 +505,8 @@ int model_step(struct model *m, int32_t token) {
     if (m->pos >= m->ctx) return -1;
     CHECK(token >= 0 && token < c->vocab_size);
     int32_t pos = m->pos;
-    be->ops->upload(be, m->ids, &token, sizeof token);
-    be->ops->upload(be, m->pos_dev, &pos, sizeof pos);
+    const int32_t pos_token[2] = {pos, token}; /* pos_dev[0], ids[0]: one copy */
+    be->ops->upload(be, m->pos_dev, pos_token, sizeof pos_token);
     const int key = be->ops->graph_variant && be->ops->graph_variant(be, pos) ? GRAPH_STEP_LONG : GRAPH_STEP;
     if (!be->ops->graph_replay(be, key)) {
         be->ops->graph_begin(be, key);
