@@ -98,6 +98,7 @@ struct backend {
     const struct config *config;
     int max_ctx; /* positions the KV cache holds */
     int max_T;   /* tokens per call */
+    int async;   /* ops are queued on a device and run later: only download waits for them */
     void *impl;
 };
 

@@ -26,6 +26,7 @@ struct engine {
     char *pending;  /* text not yet released (possible stop-string prefix) */
     size_t pending_len, pending_cap;
     int prefix_reuse;
+    int run_ahead;  /* queue the next step before handling a token's text (engine_set_run_ahead) */
     int32_t *hist;  /* (n_hist,) the tokens the model state holds, in order */
     int n_hist, cap_hist;
 };
@@ -59,6 +60,7 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
     }
     e->logits = xmalloc((size_t)e->vocab_size * sizeof *e->logits);
     e->prefix_reuse = 1;
+    e->run_ahead = model_async(m);
     e->cap_hist = model_ctx(m);
     e->hist = xmalloc((size_t)e->cap_hist * sizeof *e->hist);
     if (tok) {
@@ -80,6 +82,7 @@ void engine_free(struct engine *e) {
 struct model *engine_model(struct engine *e) { return e->m; }
 
 void engine_set_prefix_reuse(struct engine *e, int on) { e->prefix_reuse = on; }
+void engine_set_run_ahead(struct engine *e, int on) { e->run_ahead = on; }
 
 int engine_n_eos(const struct engine *e, const int32_t **ids) {
     if (ids) *ids = e->eos;
@@ -211,6 +214,18 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             res->stop_token = id;
             break;
         }
+        /* the last token: max_tokens, or no position left to feed it */
+        const int last = (r->max_tokens > 0 && n_gen >= r->max_tokens) || model_pos(e->m) >= ctx;
+        /* run ahead: on a device backend, the step that feeds this token is queued now and runs
+         * while the host detokenises, scans for stop strings and writes to the client. If those
+         * then end the request, the state has taken the token too; hist says so, and a later
+         * prompt is reused only if it starts with it. The first token is sent first (TTFT). */
+        int fed = 0;
+        if (e->run_ahead && n_gen > 1 && !last) {
+            if (model_step(e->m, id) != 0) break;
+            e->hist[e->n_hist++] = id;
+            fed = 1;
+        }
 
         /* text: detokenizer -> pending -> stop scan -> release */
         size_t release = 0;
@@ -234,9 +249,11 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             finish = ENGINE_FINISH_CANCELLED;
             break;
         }
-        if (r->max_tokens > 0 && n_gen >= r->max_tokens) break;
-        if (model_pos(e->m) >= ctx || model_step(e->m, id) != 0) break; /* context full */
-        e->hist[e->n_hist++] = id;
+        if (last) break; /* max_tokens, or the context is full */
+        if (!fed) {
+            if (model_step(e->m, id) != 0) break;
+            e->hist[e->n_hist++] = id;
+        }
     }
     double t2 = now_ms();
 

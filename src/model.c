@@ -396,6 +396,7 @@ void model_free(struct model *m) {
 const struct config *model_config(const struct model *m) { return &m->config; }
 struct backend *model_backend(struct model *m) { return m->be; }
 int model_ctx(const struct model *m) { return m->ctx; }
+int model_async(const struct model *m) { return m->be->async; }
 int model_pos(const struct model *m) { return m->pos; }
 size_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
 int64_t model_n_params(const struct model *m) { return m->n_params; }

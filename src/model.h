@@ -30,6 +30,9 @@ void model_free(struct model *m);
 const struct config *model_config(const struct model *m);
 struct backend *model_backend(struct model *m);
 int model_ctx(const struct model *m);      /* positions available */
+/* Whether model_step returns before the step has run (a device backend): the caller can do
+ * host work while it runs; model_argmax / model_logits wait for it. */
+int model_async(const struct model *m);
 int model_pos(const struct model *m);      /* tokens in the state so far */
 size_t model_weight_bytes(const struct model *m);
 int64_t model_n_params(const struct model *m);

@@ -6,7 +6,9 @@
  *   - max_tokens, context full -> "length" with the exact token count, prompt too long -> error;
  *   - a stop string chosen to straddle a token boundary of the unconstrained output: the output
  *     ends exactly before it, it is never emitted, finish "stop" (exact string comparison);
- *   - cancellation from the callback; same seed -> same ids, another seed -> other ids. */
+ *   - cancellation from the callback (and what the state holds after it); same seed -> same
+ *     ids, another seed -> other ids;
+ *   - all of the above with the engine running ahead (engine_set_run_ahead) and without. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,33 +54,18 @@ static void base_request(struct engine_request *r, const int32_t *ids, int n, st
 
 static int utf8_start(unsigned char b) { return (b & 0xc0) != 0x80; }
 
-int main(void) {
-    /* stop scan: exact cases */
-    {
-        const char *stops[2] = {"END", "<|x|>"};
-        int hit;
-        EXPECT(engine_stop_scan("hello", 5, stops, 2, &hit) == 5 && hit == -1, "no stop");
-        EXPECT(engine_stop_scan("helloE", 6, stops, 2, &hit) == 5 && hit == -1, "hold 'E'");
-        EXPECT(engine_stop_scan("helloEN", 7, stops, 2, &hit) == 5 && hit == -1, "hold 'EN'");
-        EXPECT(engine_stop_scan("helloENX", 8, stops, 2, &hit) == 8 && hit == -1, "release ENX");
-        EXPECT(engine_stop_scan("a<|x", 4, stops, 2, &hit) == 1 && hit == -1, "hold '<|x'");
-        EXPECT(engine_stop_scan("aEND<|x|>", 9, stops, 2, &hit) == 1 && hit == 0, "first END");
-        EXPECT(engine_stop_scan("a<|x|>END", 9, stops, 2, &hit) == 1 && hit == 1, "first <|x|>");
-        EXPECT(engine_stop_scan("END", 3, stops, 2, &hit) == 0 && hit == 0, "stop at 0");
-        EXPECT(engine_stop_scan("abc", 3, stops, 0, &hit) == 3 && hit == -1, "no stops");
-    }
-
-    const char *dir = getenv("STRATA_DEMO_MODEL") ? getenv("STRATA_DEMO_MODEL") : "demo";
+/* Everything below on a fresh model, with the engine running ahead (each token's feeding step
+ * queued before its text is handled, as on a device backend) or not: the same ids, text and
+ * finish reasons either way. */
+static void engine_checks(const char *dir, struct tokenizer *tok, int ahead) {
     struct error err;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    struct tokenizer *tok = tokenizer_load(path, &err);
-    EXPECT(tok != NULL, "demo tokenizer %s: %s", path, tok ? "" : err.msg);
+    printf("engine checks, run ahead %s\n", ahead ? "on" : "off");
     struct model_options mo = {.backend = BACKEND_CPU, .quiet = 1, .ctx = 256, .n_threads = 1};
     struct model *m = tok ? model_load(dir, &mo, &err) : NULL;
     EXPECT(m != NULL, "demo model %s: %s", dir, m ? "" : err.msg);
-    if (!m) return TEST_DONE();
+    if (!m) return;
     struct engine *e = engine_create(m, tok);
+    engine_set_run_ahead(e, ahead);
 
     int32_t *prompt;
     int n_prompt;
@@ -163,6 +150,7 @@ int main(void) {
         struct model *m2 = model_load(dir, &small, &err);
         CHECK(m2);
         struct engine *e2 = engine_create(m2, tok);
+        engine_set_run_ahead(e2, ahead);
         base_request(&r, prompt, n_prompt, &c2);
         EXPECT(engine_generate(e2, &r, &res, &err) == 0, "generate to the context end");
         EXPECT(res.finish == ENGINE_FINISH_LENGTH && res.n_generated == 4,
@@ -174,6 +162,7 @@ int main(void) {
         model_free(m2);
         m2 = model_load(dir, &small, &err);
         e2 = engine_create(m2, tok);
+        engine_set_run_ahead(e2, ahead);
         base_request(&r, prompt, n_prompt, &c2);
         EXPECT(engine_generate(e2, &r, &res, &err) == -1 && strstr(err.msg, "does not fit"),
                "a prompt filling the context is refused (%s)", err.msg);
@@ -187,6 +176,38 @@ int main(void) {
     EXPECT(engine_generate(e, &r, &res, &err) == 0 && res.finish == ENGINE_FINISH_CANCELLED &&
                res.n_generated == 3,
            "cancel: finish %s after %d", engine_finish_name(res.finish), res.n_generated);
+    {
+        /* the state holds what was fed: run ahead, the 3rd token too; a prompt extending exactly
+         * that is reused, and gives what a full prefill gives */
+        const int held = model_pos(m) - n_prompt;
+        EXPECT(held == (ahead ? 3 : 2), "cancelled at the 3rd token: the state holds %d of them, want %d",
+               held, ahead ? 3 : 2);
+        int32_t *tail;
+        int n_tail;
+        const char *more = "<|im_end|>\n<|im_start|>user\nAgain.<|im_end|>\n";
+        CHECK(tokenizer_encode(tok, more, strlen(more), &tail, &n_tail, &err) == 0);
+        const int n3 = n_prompt + held + n_tail;
+        int32_t *p3 = malloc((size_t)n3 * sizeof *p3), kept[3];
+        memcpy(kept, c2.ids, sizeof kept);
+        memcpy(p3, prompt, (size_t)n_prompt * sizeof *p3);
+        memcpy(p3 + n_prompt, kept, (size_t)held * sizeof *p3);
+        memcpy(p3 + n_prompt + held, tail, (size_t)n_tail * sizeof *p3);
+        int32_t got[8];
+        base_request(&r, p3, n3, &c2);
+        r.max_tokens = 8;
+        CHECK(engine_generate(e, &r, &res, &err) == 0);
+        EXPECT(res.timings.cache_n == n_prompt + held, "after a cancel: cache_n %d, want %d",
+               res.timings.cache_n, n_prompt + held);
+        memcpy(got, c2.ids, sizeof got);
+        engine_set_prefix_reuse(e, 0);
+        base_request(&r, p3, n3, &c2);
+        r.max_tokens = 8;
+        CHECK(engine_generate(e, &r, &res, &err) == 0);
+        engine_set_prefix_reuse(e, 1);
+        EXPECT(memcmp(got, c2.ids, sizeof got) == 0, "after a cancel: reuse differs from a full prefill");
+        free(p3);
+        free(tail);
+    }
     atomic_int flag = 1;
     base_request(&r, prompt, n_prompt, &c2);
     r.cancel = &flag;
@@ -257,6 +278,32 @@ int main(void) {
     free(prompt);
     engine_free(e);
     model_free(m);
+}
+
+int main(void) {
+    /* stop scan: exact cases */
+    {
+        const char *stops[2] = {"END", "<|x|>"};
+        int hit;
+        EXPECT(engine_stop_scan("hello", 5, stops, 2, &hit) == 5 && hit == -1, "no stop");
+        EXPECT(engine_stop_scan("helloE", 6, stops, 2, &hit) == 5 && hit == -1, "hold 'E'");
+        EXPECT(engine_stop_scan("helloEN", 7, stops, 2, &hit) == 5 && hit == -1, "hold 'EN'");
+        EXPECT(engine_stop_scan("helloENX", 8, stops, 2, &hit) == 8 && hit == -1, "release ENX");
+        EXPECT(engine_stop_scan("a<|x", 4, stops, 2, &hit) == 1 && hit == -1, "hold '<|x'");
+        EXPECT(engine_stop_scan("aEND<|x|>", 9, stops, 2, &hit) == 1 && hit == 0, "first END");
+        EXPECT(engine_stop_scan("a<|x|>END", 9, stops, 2, &hit) == 1 && hit == 1, "first <|x|>");
+        EXPECT(engine_stop_scan("END", 3, stops, 2, &hit) == 0 && hit == 0, "stop at 0");
+        EXPECT(engine_stop_scan("abc", 3, stops, 0, &hit) == 3 && hit == -1, "no stops");
+    }
+
+    const char *dir = getenv("STRATA_DEMO_MODEL") ? getenv("STRATA_DEMO_MODEL") : "demo";
+    struct error err;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct tokenizer *tok = tokenizer_load(path, &err);
+    EXPECT(tok != NULL, "demo tokenizer %s: %s", path, tok ? "" : err.msg);
+    for (int ahead = 0; ahead < 2; ahead++)
+        if (tok) engine_checks(dir, tok, ahead);
     tokenizer_free(tok);
     return TEST_DONE();
 }

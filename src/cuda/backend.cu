@@ -611,6 +611,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     be->config = c;
     be->max_ctx = max_ctx;
     be->max_T = max_T;
+    be->async = 1;
     be->impl = cu;
     gpu_get_info(&cu->info);
     gpu_stream_create(&cu->stream);
