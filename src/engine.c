@@ -89,6 +89,13 @@ int engine_n_eos(const struct engine *e, const int32_t **ids) {
     return e->n_eos;
 }
 
+/* Steps the model on a generated token and records it in hist (the tokens the state holds). */
+static int feed(struct engine *e, int32_t id) {
+    if (model_step(e->m, id) != 0) return -1;
+    e->hist[e->n_hist++] = id;
+    return 0;
+}
+
 static int is_eos(const struct engine *e, int32_t id) {
     for (int i = 0; i < e->n_eos; i++)
         if (e->eos[i] == id) return 1;
@@ -220,12 +227,8 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
          * while the host detokenises, scans for stop strings and writes to the client. If those
          * then end the request, the state has taken the token too; hist says so, and a later
          * prompt is reused only if it starts with it. The first token is sent first (TTFT). */
-        int fed = 0;
-        if (e->run_ahead && n_gen > 1 && !last) {
-            if (model_step(e->m, id) != 0) break;
-            e->hist[e->n_hist++] = id;
-            fed = 1;
-        }
+        const int fed = e->run_ahead && n_gen > 1 && !last;
+        if (fed && feed(e, id) != 0) break;
 
         /* text: detokenizer -> pending -> stop scan -> release */
         size_t release = 0;
@@ -250,10 +253,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             break;
         }
         if (last) break; /* max_tokens, or the context is full */
-        if (!fed) {
-            if (model_step(e->m, id) != 0) break;
-            e->hist[e->n_hist++] = id;
-        }
+        if (!fed && feed(e, id) != 0) break;
     }
     double t2 = now_ms();
 

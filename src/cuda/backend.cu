@@ -619,9 +619,6 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->pdl = env_int("STRATA_PDL", 1, 0, 1);
     cu->gemv_persist = env_int("STRATA_GEMV_PERSIST", 1, 0, 1);
     cu->gemv_pf_items = env_int("STRATA_GEMV_PF", 1, -1, 1 << 20);
-    cu->gemv_pf_mix = env_int("STRATA_GEMV_PF_MIX", -2, -2, 1 << 20);
-    if (cu->gemv_pf_mix == -2) cu->gemv_pf_mix = cu->gemv_pf_items;
-    cu->gemv_last_launch = -1;
     cu->gemv_nw_pre = env_int("STRATA_GEMV_NWPRE", 1, 0, 1);
     cu->gemv_shape = env_int("STRATA_GEMV_SHAPE", -1, -1, CUDA_GEMV_SHAPES - 1);
     cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);

@@ -73,9 +73,6 @@ struct cuda {
                                  row group per block) */
     struct cuda_prof prof;
     int gemv_pf_items;        /* STRATA_GEMV_PF: see cuda_gemv_job.pf_items (default 1) */
-    int gemv_pf_mix;          /* STRATA_GEMV_PF_MIX: the same for a GEMV after another kernel
-                                 (a mixer, the embedding; default: STRATA_GEMV_PF) */
-    long gemv_last_launch;    /* n_launches just after the latest GEMV */
     int gemv_nw_pre;          /* STRATA_GEMV_NWPRE: see cuda_gemv_job.nw_pre (default 1) */
     int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
     int gemv_model;           /* STRATA_GEMV_MODEL=0: every GEMV shape by the round model */

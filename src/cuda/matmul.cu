@@ -440,14 +440,12 @@ static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
     job.tpr = sh->tpr;
-    /* after a GEMV, the pre-wait loads overlap that GEMV's tail (bandwidth to spare); after a
-     * mixer, its latency-bound phases */
-    job.pf_items = cu->n_launches == cu->gemv_last_launch ? cu->gemv_pf_items : cu->gemv_pf_mix;
+    job.pf_items = cu->gemv_pf_items;
     job.nw_pre = cu->gemv_nw_pre;
     job.trace = trace_slot(cu, &job, (int)blocks);
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
-    cu->gemv_last_launch = ++cu->n_launches;
+    cu->n_launches++;
 }
 
 extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
