@@ -621,6 +621,8 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gemv_pf_items = env_int("STRATA_GEMV_PF", 1, -1, 1 << 20);
     cu->gemv_nw_pre = env_int("STRATA_GEMV_NWPRE", 1, 0, 1);
     cu->gemv_shape = env_int("STRATA_GEMV_SHAPE", -1, -1, CUDA_GEMV_SHAPES - 1);
+    cu->gemv_narrow = env_int("STRATA_GEMV_NARROW", 10, -1, CUDA_GEMV_SHAPES - 1);
+    cu->gemv_narrow_mask = env_int("STRATA_GEMV_NARROW_MASK", 3, 0, 3);
     cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
     cu->gemv_wide = cuda_gemv_wide_shape(H);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {

@@ -11,7 +11,7 @@
 
 /* Decode GEMV shapes (threads per row pair, words per item, pipeline depth) that
  * STRATA_GEMV_SHAPE=0 .. CUDA_GEMV_SHAPES-1 can force (matmul.cu's table; test_cuda checks each). */
-#define CUDA_GEMV_SHAPES 10
+#define CUDA_GEMV_SHAPES 12
 
 /* Kernels and cuBLAS calls issued so far (a graph replay counts once per captured node). */
 long backend_cuda_launches(struct backend *be);

@@ -76,6 +76,8 @@ struct cuda {
     int gemv_nw_pre;          /* STRATA_GEMV_NWPRE: see cuda_gemv_job.nw_pre (default 1) */
     int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
     int gemv_model;           /* STRATA_GEMV_MODEL=0: every GEMV shape by the round model */
+    int gemv_narrow;          /* STRATA_GEMV_NARROW: see launch_gemv (-1: off) */
+    int gemv_narrow_mask;     /* STRATA_GEMV_NARROW_MASK: which GEMVs take it */
     int gemv_wide;            /* the shape of the GEMVs with many rows (cuda_gemv_wide_shape) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */

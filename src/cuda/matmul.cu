@@ -345,7 +345,7 @@ struct gemv_shape {
 static const struct gemv_shape gemv_shapes[] = {
     GEMV_SHAPE(32, 4, 1),  GEMV_SHAPE(64, 4, 1),  GEMV_SHAPE(128, 4, 1), GEMV_SHAPE(256, 4, 1),
     GEMV_SHAPE(128, 2, 2), GEMV_SHAPE(256, 2, 2), GEMV_SHAPE(256, 1, 3), GEMV_SHAPE(128, 1, 3),
-    GEMV_SHAPE(64, 5, 1),  GEMV_SHAPE(32, 5, 1),
+    GEMV_SHAPE(64, 5, 1),  GEMV_SHAPE(32, 5, 1),  GEMV_SHAPE(64, 2, 1), GEMV_SHAPE(32, 2, 1),
 };
 #define N_GEMV_SHAPES (int)(sizeof gemv_shapes / sizeof gemv_shapes[0])
 static_assert(sizeof gemv_shapes / sizeof gemv_shapes[0] == CUDA_GEMV_SHAPES, "cuda.h's count");
@@ -434,8 +434,26 @@ static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
     const long pairs = job.swiglu ? N : (N + 1) / 2;
     /* the persistent grid: 2 blocks per SM (what shape 3 keeps resident; every shape fits 2),
      * also for the leaner shapes, whose spare registers then let the next kernel start early */
-    const long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
+    long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
     const struct gemv_shape *sh = &gemv_shapes[gemv_pick(cu, pairs, K / 8, cap)];
+    /* The lean U = 2 shape (STRATA_GEMV_NARROW, default 10 = (64, 2, 1): 72 registers plain,
+     * 63 SwiGLU, so 3 or 4 blocks per SM) on a grid of what it keeps resident, in place of the
+     * wide shape, where run 61 measured it faster (STRATA_GEMV_NARROW_MASK, default 3):
+     * 1: the plain GEMVs whose pairs fit one round of its grid's groups (4B's down and o_proj:
+     *    4B +1.6%; 9B's, 1.3 of its rounds against 1.9 of the wide shape's, lost 3.7%);
+     * 2: the SwiGLU GEMVs whose rows are longer than one of its items (K > 1024: 4B's and 9B's
+     *    gate/up, +1.3% and +1.1%; 0.8B's K = 1024, one item a row, -0.9%).
+     * Not the wider plain GEMVs (in_proj, qkv, lm_head: 4B -1.7%) nor the gated out_proj
+     * (106 registers in that mode; bounded to 3 blocks per SM, 79 and spilling: run 62, -1.8%). */
+    const long round = (long)(GEMV_THREADS / WARP_SIZE) * cap;
+    if (cu->gemv_narrow >= 0 && cu->gemv_shape < 0 && cu->gemv_model != 0 && !job.gnorm_w &&
+        pairs >= round / 2) {
+        const struct gemv_shape *nw = &gemv_shapes[cu->gemv_narrow];
+        const long ncap = (long)cu->info.n_sm * resident(job.swiglu ? nw->swiglu : nw->plain, smem);
+        const int cls = job.swiglu ? (K > nw->tpr * nw->u * 8 ? 2 : 0)
+                                   : pairs <= ncap * (GEMV_THREADS / nw->tpr) ? 1 : 0;
+        if (cu->gemv_narrow_mask & cls) sh = nw, cap = ncap;
+    }
     gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : sh->plain;
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
