@@ -444,7 +444,7 @@ static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
      * 2: the SwiGLU GEMVs whose rows are longer than one of its items (K > 1024: 4B's and 9B's
      *    gate/up, +1.3% and +1.1%; 0.8B's K = 1024, one item a row, -0.9%).
      * Not the wider plain GEMVs (in_proj, qkv, lm_head: 4B -1.7%) nor the gated out_proj
-     * (106 registers in that mode; bounded to 3 blocks per SM, 79 and spilling: run 62, -1.8%). */
+     * (108 registers in that mode; bounded to 3 blocks per SM, 79 and spilling: run 62, -1.8%). */
     const long round = (long)(GEMV_THREADS / WARP_SIZE) * cap;
     if (cu->gemv_narrow >= 0 && cu->gemv_shape < 0 && cu->gemv_model != 0 && !job.gnorm_w &&
         pairs >= round / 2) {
