@@ -574,15 +574,18 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
     grid_dependency_wait(); /* qkv comes from the GEMV before */
     ktrace_stamp(tr, 1);
 
-    /* 2. q (and, in the warp holding p, the new K/V row) in registers; this thread's gate */
+    /* 2. q (and, in the warp holding p, the new K/V row) in registers; this thread's gate. All
+     * loaded before any is used: one L2 round trip (the gate's conversion, placed at its load,
+     * made the new row's loads a second one) */
     const uint16_t *qsrc = qkv + (size_t)h * 2 * hd; /* q, then the output gate */
     const size_t kv_off = (size_t)2 * nH * hd + (size_t)kvh * hd;
+    const bool new_row = has_p && on;
     const uint4 xq = on ? *(const uint4 *)(qsrc + lane * 8) : zero;
-    const float gate = (int)threadIdx.x < hd ? bf2f(qsrc[hd + threadIdx.x]) : 0.0f;
-    uint4 kp = zero, vp = zero;
+    const uint4 xk = new_row ? *(const uint4 *)(qkv + kv_off + lane * 8) : zero;
+    const uint4 vp = new_row ? *(const uint4 *)(qkv + kv_off + (size_t)nKV * hd + lane * 8) : zero;
+    const uint16_t gate_raw = (int)threadIdx.x < hd ? qsrc[hd + threadIdx.x] : 0;
+    uint4 kp = zero;
     if (has_p) {
-        const uint4 xk = on ? *(const uint4 *)(qkv + kv_off + lane * 8) : zero;
-        vp = on ? *(const uint4 *)(qkv + kv_off + (size_t)nKV * hd + lane * 8) : zero;
         kp = norm_rope_lane(xk, kw, cw, sw, hd, rot, eps);
         if (gi == 0 && on) {
             *(uint4 *)(k_cache + kvbase + (size_t)p * hd + lane * 8) = kp;
@@ -655,7 +658,7 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
         L += wsm[w][hd + 1] * f;
     }
     const float o = L > 0.0f ? A / L : 0.0f;
-    out[(size_t)h * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(gate))); /* HF: * sigmoid(gate) */
+    out[(size_t)h * hd + d] = f2bf(bfr(o) * bfr(sigmoid_f(bf2f(gate_raw)))); /* HF: * sigmoid(gate) */
     ktrace_stamp(tr, 5);
 }
 

@@ -152,7 +152,23 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     grid_dependency_wait();
     ktrace_stamp(tr, 1);
 
-    /* 1. conv + SiLU of the key head's q and k channels (window [s1 s2 s3 x]), L2 norms; the
+    /* 1. every input from the in_proj GEMV at once: one L2 round trip. (Loaded where they are
+     * used, they were four in a row: a load may not move above the conv ring's stores, which
+     * could alias proj, nor across SiLU's division branch.) */
+    uint16_t xqk[2][QIT];
+#pragma unroll
+    for (int it = 0; it < QIT; it++) {
+        const int i = tid + it * GDN_THREADS;
+#pragma unroll
+        for (int part = 0; part < 2; part++) xqk[part][it] = i < dk ? proj[part * key_dim + kh * dk + i] : 0;
+    }
+    const int vch = v * dv + col0 + tid; /* this thread's value channel (tid < STEP_COLS) */
+    const uint16_t xv = tid < STEP_COLS ? proj[2 * key_dim + vch] : 0;
+    const uint16_t xz = tid < STEP_COLS ? proj[conv_dim + vch] : 0;
+    const uint16_t xb = tid == 0 ? proj[conv_dim + value_dim + v] : 0;
+    const uint16_t xa = tid == 0 ? proj[conv_dim + value_dim + Hv + v] : 0;
+
+    /* 2. conv + SiLU of the key head's q and k channels (window [s1 s2 s3 x]), L2 norms; the
      * key head's first block puts x in the ring */
     float ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
@@ -163,7 +179,7 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
         for (int part = 0; part < 2; part++) {
             int ch = part * key_dim + kh * dk + i;
             float acc = part == 0 ? qy[it] : ky[it];
-            const uint16_t x = proj[ch];
+            const uint16_t x = xqk[part][it];
             if (qk_writer) conv_state[(size_t)ch * 4 + cnew] = x;
             acc += w3[part][it] * bf2f(x);
             float y = bfr(silu_f(bfr(acc)));
@@ -176,20 +192,18 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
             }
         }
     }
-    /* 2. this block's value channels (owned by this block alone), and silu(z) of its columns
+    /* 3. this block's value channels (owned by this block alone), and silu(z) of its columns
      * for the gated norm in the out_proj GEMV */
     if (tid < STEP_COLS) {
-        int ch = 2 * key_dim + v * dv + col0 + tid;
-        uint16_t x = proj[ch];
-        sz[v * dv + col0 + tid] = silu_f(bf2f(proj[conv_dim + v * dv + col0 + tid])); /* HF: silu(z) */
-        conv_state[(size_t)ch * 4 + cnew] = x;
+        sz[vch] = silu_f(bf2f(xz)); /* HF: silu(z) */
+        conv_state[(size_t)(2 * key_dim + vch) * 4 + cnew] = xv;
         float acc = vacc;
-        acc += vw3 * bf2f(x);
+        acc += vw3 * bf2f(xv);
         sv[tid] = bfr(silu_f(bfr(acc)));
     }
-    /* 3. gates */
+    /* 4. gates */
     if (tid == 0) {
-        float b = bf2f(proj[conv_dim + value_dim + v]), a = bf2f(proj[conv_dim + value_dim + Hv + v]);
+        float b = bf2f(xb), a = bf2f(xa);
         sbeta = bfr(sigmoid_f(b)); /* HF: b.sigmoid() in bf16 */
         float g = gA * softplus_f(a + gdt);
         sdec = expf(g);
@@ -208,7 +222,7 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     __syncthreads();
     ktrace_stamp(tr, 2);
 
-    /* 4. the delta rule on this thread's column; o to the out_proj GEMV as bf16 (the norm
+    /* 5. the delta rule on this thread's column; o to the out_proj GEMV as bf16 (the norm
      * rounds it so), the state back */
     float o = delta_step<NR, LPC>(S, sk, sq, sdec, sbeta, sv[cl], rg);
     if (rg == 0) obuf[(size_t)v * dv + col] = f2bf(o);
