@@ -76,18 +76,20 @@ struct backend_ops {
                       const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
                       uint16_t *v_cache, const int32_t *pos, int T);
 
-    /* Gated DeltaNet mixer, everything after the input projections, out_proj and its residual
-     * add included (qwen35-model.md 3.5, 4): proj (T, conv_dim + value_dim + 2*Hv) =
-     * [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a]; causal conv1d over the qkv channels,
+    /* Gated DeltaNet mixer, out_proj and its residual add included (qwen35-model.md 3.5, 4):
+     * proj (T, conv_dim + value_dim + 2*Hv) = [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a],
+     * computed here as rmsnorm(h; in_norm) W_in^T when W_in (conv_dim + value_dim + 2*Hv, H) is
+     * given (the layer's input projections: a backend may then overlap them with the step), else
+     * as the caller wrote it; causal conv1d over the qkv channels,
      * SiLU, L2-normalised q/k, beta/g gates, fp32 delta rule on state (Hv, dk, dv), gated
      * RMSNorm with SiLU(z), then h = bf16(h + bf16(mix W_out^T)), W_out (H, value_dim).
      * conv_state (conv_dim, K) bf16 is a ring of the raw inputs: column q % K holds the input of
      * position q (the last K positions before *pos; zero before position 0), so a step writes
      * one column and reads the others.                                     h (T, H) */
-    void (*gdn)(struct backend *be, uint16_t *h, const uint16_t *proj, uint16_t *conv_state,
-                const uint16_t *conv_w, const float *A_log, const float *dt_bias,
-                const float *norm_w, float *state, const uint16_t *W_out, const int32_t *pos,
-                int T);
+    void (*gdn)(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
+                const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
+                const float *A_log, const float *dt_bias, const float *norm_w, float *state,
+                const uint16_t *W_out, const int32_t *pos, int T);
 
     /* *out = index of the largest of x[0..n) (lowest index on ties, as torch.argmax). */
     void (*argmax)(struct backend *be, int32_t *out, const uint16_t *x, int n);

@@ -442,13 +442,11 @@ static void forward(struct model *m, int T) {
             /* HF: residual + o_proj(attn_output) */
             op->matmul(be, m->h, m->mix, NULL, L->w_out, T, H, nH * hd, 1);
         } else {
-            /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(residual) */
-            op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, T,
-                       c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads, H, 0);
-            /* HF: conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z),
+            /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(residual),
+             * conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z),
              * residual + out_proj(core_attn_out) */
-            op->gdn(be, m->h, m->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->norm_w,
-                    L->state, L->w_out, m->pos_dev, T);
+            op->gdn(be, m->h, m->proj, L->input_layernorm, L->w_mix, L->conv_state, L->conv_w,
+                    L->A_log, L->dt_bias, L->norm_w, L->state, L->w_out, m->pos_dev, T);
         }
         /* HF: residual + mlp(post_attention_layernorm(residual)) */
         op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, T, I, H);

@@ -373,7 +373,7 @@ static void check_attention(struct pair *p, const struct config *c, const char *
  * is reset before every call: summed over calls, a one-ulp difference of a large partial sum
  * becomes many ulps of a smaller total (seen: 8 ulps at 0.39 after two 45-token calls). */
 static void check_gdn(struct pair *p, const struct config *c, const char *tag, int T, int calls,
-                      int graph, int pos0) {
+                      int graph, int pos0, int with_in) {
     int Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
     int K = c->linear_conv_kernel_dim, H = c->hidden_size;
     size_t row = (size_t)c->conv_dim + c->value_dim + 2 * Hv;
@@ -383,43 +383,69 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
     uint16_t *cs = rand_bf16(nconv, 3.0f), *wo = rand_bf16(nwo, 0.05f), *h0 = rand_bf16(nh, 0.1f);
     float *A_log = rand_f32(Hv, 1.0f), *dt_bias = rand_f32(Hv, 1.0f), *nw = rand_f32(dv, 1.0f);
     float *st = rand_f32(nst, 0.5f);
+    /* with_in: the GPU computes proj itself from h (the model's path; in decode the step then
+     * starts before the in_proj GEMV has finished), and the CPU runs the mixer on that proj (the
+     * two in_projs may round differently, which the mixer amplifies); the in_proj is compared
+     * on its own */
+    uint16_t *win = with_in ? rand_bf16(row * H, 0.05f) : NULL, *inw = with_in ? rand_bf16(H, 0.5f) : NULL;
     for (int i = 0; i < Hv; i++) A_log[i] = bf16r(A_log[i]), dt_bias[i] = bf16r(dt_bias[i]);
     for (int i = 0; i < dv; i++) nw[i] = bf16r(1.0f + 0.5f * nw[i]);
     uint16_t *res[2][8], *cres[2];
     float *sres[2];
     struct backend *bes[2] = {p->cpu, p->gpu};
+    uint16_t *gproj[8] = {NULL};
     CHECK(calls <= 8);
-    for (int b = 0; b < 2; b++) {
+    for (int bi = 0; bi < 2; bi++) {
+        const int b = with_in ? 1 - bi : bi, own_in = with_in && b == 1;
         struct backend *be = bes[b];
         void *dproj = be->ops->alloc(be, nproj * 2), *dcw = up(be, cw, nconv * 2);
         void *dcs = up(be, cs, nconv * 2), *dwo = up(be, wo, nwo * 2), *dh = up(be, h0, nh * 2);
         void *dA = up(be, A_log, Hv * 4), *ddt = up(be, dt_bias, Hv * 4), *dnw = up(be, nw, dv * 4);
         void *dst = up(be, st, nst * 4), *dpos = be->ops->alloc(be, sizeof(int32_t));
+        void *dwin = own_in ? up(be, win, row * H * 2) : NULL, *dinw = own_in ? up(be, inw, H * 2) : NULL;
         for (int s = 0; s < calls; s++) {
             int32_t pos = pos0 + s * T;
             be->ops->upload(be, dpos, &pos, sizeof pos);
-            be->ops->upload(be, dproj, proj + (size_t)s * nproj, nproj * 2);
+            if (!own_in) be->ops->upload(be, dproj, with_in ? gproj[s] : proj + (size_t)s * nproj, nproj * 2);
             be->ops->upload(be, dh, h0, nh * 2); /* a fresh residual: no cancellation across calls */
             if (graph) {
-                if (!be->ops->graph_replay(be, 12)) {
-                    be->ops->graph_begin(be, 12);
-                    be->ops->gdn(be, dh, dproj, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
-                    be->ops->graph_end(be, 12);
+                const int key = with_in ? 13 : 12;
+                if (!be->ops->graph_replay(be, key)) {
+                    be->ops->graph_begin(be, key);
+                    be->ops->gdn(be, dh, dproj, dinw, dwin, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
+                    be->ops->graph_end(be, key);
                 }
             } else {
-                be->ops->gdn(be, dh, dproj, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
+                be->ops->gdn(be, dh, dproj, dinw, dwin, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
             }
             res[b][s] = down(be, dh, nh * 2);
+            if (own_in) gproj[s] = down(be, dproj, nproj * 2);
         }
         cres[b] = down(be, dcs, nconv * 2);
         sres[b] = down(be, dst, nst * 4);
-        void *bufs[] = {dproj, dcw, dcs, dwo, dh, dA, ddt, dnw, dst, dpos};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+        void *bufs[] = {dproj, dcw, dcs, dwo, dh, dA, ddt, dnw, dst, dpos, dwin, dinw};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]) be->ops->free(be, bufs[i]);
     }
     char what[160];
+    if (with_in) { /* the GPU's in_proj (every call's: h is the same) against the CPU's */
+        struct backend *be = p->cpu;
+        void *dh = up(be, h0, nh * 2), *dinw = up(be, inw, H * 2), *dwin = up(be, win, row * H * 2);
+        void *dout = be->ops->alloc(be, nproj * 2);
+        be->ops->matmul(be, dout, dh, dinw, dwin, T, (int)row, H, 0);
+        uint16_t *cp = down(be, dout, nproj * 2);
+        for (int s = 0; s < calls; s++) {
+            snprintf(what, sizeof what, "%s gdn in_proj T=%d call %d%s", tag, T, s, graph ? " (graph)" : "");
+            EXPECT(close_bf16(what, gproj[s], cp, nproj), "%s", what);
+            free(gproj[s]);
+        }
+        free(cp);
+        void *bufs[] = {dh, dinw, dwin, dout};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+    }
     for (int s = 0; s < calls; s++) {
-        snprintf(what, sizeof what, "%s gdn T=%d pos %d call %d%s", tag, T, pos0, s,
-                 graph ? " (graph)" : "");
+        snprintf(what, sizeof what, "%s gdn%s T=%d pos %d call %d%s", tag, with_in ? " +in_proj" : "",
+                 T, pos0, s, graph ? " (graph)" : "");
         EXPECT(close_bf16(what, res[1][s], res[0][s], nh), "%s", what);
         free(res[0][s]), free(res[1][s]);
     }
@@ -428,6 +454,7 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
     snprintf(what, sizeof what, "%s gdn recurrent state T=%d pos %d x%d", tag, T, pos0, calls);
     EXPECT(close_f32(what, sres[1], sres[0], nst), "%s", what);
     free(proj), free(cw), free(cs), free(wo), free(h0), free(A_log), free(dt_bias), free(nw);
+    free(win), free(inw);
     free(st), free(cres[0]), free(cres[1]), free(sres[0]), free(sres[1]);
 }
 
@@ -517,7 +544,7 @@ static void check_size(const char *size) {
         check_matmul(&q, t, 1, H, I, 0, 1);
         check_matmul(&q, t, 1, 1001, H, 0, 0);
         check_swiglu(&q, t, 1, I, H);
-        check_gdn(&q, &c, t, 1, 1, 0, 5); /* out_proj with the gated norm staged */
+        check_gdn(&q, &c, t, 1, 1, 0, 5, 0); /* out_proj with the gated norm staged */
         q.gpu->ops->destroy(q.gpu);
     }
     uint16_t *table = rand_bf16((size_t)c.vocab_size * H, 1.0f);
@@ -554,12 +581,15 @@ static void check_size(const char *size) {
         q.gpu->ops->destroy(q.gpu);
     }
 
-    check_gdn(&p, &c, size, 1, 4, 0, 0);
-    check_gdn(&p, &c, size, 1, 5, 0, 7);
-    check_gdn(&p, &c, size, 1, 3, 1, 2);
-    check_gdn(&p, &c, size, 2, 1, 0, 0);
-    check_gdn(&p, &c, size, 2, 2, 0, 9);
-    check_gdn(&p, &c, size, 45, 2, 0, 3);
+    check_gdn(&p, &c, size, 1, 4, 0, 0, 0);
+    check_gdn(&p, &c, size, 1, 5, 0, 7, 0);
+    check_gdn(&p, &c, size, 1, 3, 1, 2, 0);
+    check_gdn(&p, &c, size, 2, 1, 0, 0, 0);
+    check_gdn(&p, &c, size, 2, 2, 0, 9, 0);
+    check_gdn(&p, &c, size, 45, 2, 0, 3, 0);
+    check_gdn(&p, &c, size, 1, 3, 0, 4, 1); /* the step started by the in_proj's count */
+    check_gdn(&p, &c, size, 1, 3, 1, 6, 1);
+    check_gdn(&p, &c, size, 3, 2, 0, 1, 1);
     p.gpu->ops->destroy(p.gpu);
     p.cpu->ops->destroy(p.cpu);
 }

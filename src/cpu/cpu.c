@@ -351,15 +351,17 @@ static void gdn_heads(void *ctx, int lo, int hi, int thread) {
     }
 }
 
-static void cpu_gdn(struct backend *be, uint16_t *h, const uint16_t *proj, uint16_t *conv_state,
-                    const uint16_t *conv_w, const float *A_log, const float *dt_bias,
-                    const float *norm_w, float *state, const uint16_t *W_out,
-                    const int32_t *pos_p, int T) {
+static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
+                    const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
+                    const float *A_log, const float *dt_bias, const float *norm_w, float *state,
+                    const uint16_t *W_out, const int32_t *pos_p, int T) {
     const struct config *c = be->config;
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
     int dk = c->linear_key_head_dim, K = c->linear_conv_kernel_dim;
     int conv_dim = c->conv_dim, key_dim = c->key_dim, value_dim = c->value_dim;
     size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
+    if (W_in) /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(h) */
+        cpu_matmul(be, proj, h, in_norm, W_in, T, (int)row, c->hidden_size, 0);
     const int pos0 = *pos_p;
     CHECK(pos0 >= 0 && K <= 8);
     uint16_t *out = xmalloc((size_t)T * value_dim * sizeof(uint16_t)); /* the mixer's output */

@@ -513,18 +513,52 @@ static void op_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
     cuda_prof_end(cu);
 }
 
-static void op_gdn(struct backend *be, uint16_t *h, const uint16_t *proj, uint16_t *conv_state,
-                   const uint16_t *conv_w, const float *A_log, const float *dt_bias,
-                   const float *norm_w, float *state, const uint16_t *W_out, const int32_t *pos,
-                   int T) {
+/* The step counters of the DeltaNet layer whose conv state this is (a pair per layer, in
+ * cu->gdn_cnt), or NULL when every slot is taken. */
+static int *gdn_slot(struct cuda *cu, const void *conv_state) {
+    for (int i = 0; i < CUDA_GDN_SLOTS; i++) {
+        if (!cu->gdn_slot_key[i]) cu->gdn_slot_key[i] = conv_state;
+        if (cu->gdn_slot_key[i] == conv_state) return cu->gdn_cnt + 2 * i;
+    }
+    return NULL;
+}
+
+/* Whether the decode in_proj should start the step early (STRATA_GDN_EARLY, default on): its
+ * pairs other than z's (b, a, q, k, v first) must end a round of its grid before the last,
+ * else the step would start no sooner (0.8B: 2 rounds, run 73 lost 4.5% with it). */
+static int early_pays(struct cuda *cu, const struct config *c) {
+    const int conv_dim = c->conv_dim, value_dim = c->value_dim, Hv = c->linear_num_value_heads;
+    if (!cu->gdn_early || (cu->skip & 1) || conv_dim % 2 || value_dim % 2) return 0;
+    const long pairs = (conv_dim + value_dim + 2L * Hv) / 2, early = Hv + conv_dim / 2;
+    const long g = cuda_gemv_groups(cu, (int)(2 * pairs), c->hidden_size, 1);
+    return g > 0 && (early + g - 1) / g < (pairs + g - 1) / g;
+}
+
+static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
+                   const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
+                   const float *A_log, const float *dt_bias, const float *norm_w, float *state,
+                   const uint16_t *W_out, const int32_t *pos, int T) {
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
     CHECK(T >= 1 && T <= be->max_T);
-    const int H = c->hidden_size, value_dim = c->value_dim;
+    const int H = c->hidden_size, value_dim = c->value_dim, conv_dim = c->conv_dim;
+    const int Hv = c->linear_num_value_heads;
+    const int N_in = conv_dim + value_dim + 2 * Hv;
+    int *cnt = NULL, target = 0;
+    if (W_in && T == 1 && early_pays(cu, c) && (cnt = gdn_slot(cu, conv_state))) {
+        /* pairs in the order b, a, q, k, v, z; the step starts once all but z are written */
+        PROF("gemv (rmsnorm)", target = cuda_gemv_early(cu, proj, h, in_norm, W_in, N_in, H,
+                                                        c->rms_norm_eps, (conv_dim + value_dim) / 2,
+                                                        Hv + conv_dim / 2, cnt, cu->gdn_sz,
+                                                        conv_dim, value_dim));
+    } else if (W_in) {
+        cnt = NULL;
+        op_matmul(be, proj, h, in_norm, W_in, T, N_in, H, 0);
+    }
     if (T == 1) { /* the step's o, then out_proj staging its input through the gated norm */
         if (!(cu->skip & 1))
             PROF("gdn step", cuda_gdn_step(cu, c, cu->gdn_o, cu->gdn_sz, proj, conv_state, conv_w,
-                                           A_log, dt_bias, state, pos));
+                                           A_log, dt_bias, state, pos, cnt, target));
         if (cuda_gemv_gated_ok(value_dim, c->linear_value_head_dim)) {
             PROF("gemv out_proj (gated norm, +residual)",
                  cuda_gemv_gated(cu, h, cu->gdn_o, cu->gdn_sz, norm_w, c->linear_value_head_dim,
@@ -552,7 +586,7 @@ static void op_destroy(struct backend *be) {
     gpu_stream_sync(cu->stream);
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
-                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_sz, cu->counters,
+                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_sz, cu->gdn_cnt, cu->counters,
                     cu->argmax_part, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
@@ -623,6 +657,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gemv_shape = env_int("STRATA_GEMV_SHAPE", -1, -1, CUDA_GEMV_SHAPES - 1);
     cu->gemv_narrow = env_int("STRATA_GEMV_NARROW", 10, -1, CUDA_GEMV_SHAPES - 1);
     cu->gemv_narrow_mask = env_int("STRATA_GEMV_NARROW_MASK", 3, 0, 3);
+    cu->gdn_early = env_int("STRATA_GDN_EARLY", 1, 0, 1);
     cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
     cu->gemv_wide = cuda_gemv_wide_shape(H);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {
@@ -692,6 +727,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_bg = (float *)dev_alloc(cu, T * Hv * 2 * sizeof(float), "deltanet scratch");
     cu->gdn_o = (uint16_t *)dev_alloc(cu, T * Hv * dv * 2, "deltanet scratch");
     cu->gdn_sz = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
+    cu->gdn_cnt = (int *)dev_alloc(cu, 2 * CUDA_GDN_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
     gpu_stream_sync(cu->stream);

@@ -13,7 +13,9 @@
  * Decode: one kernel per layer whose blocks never wait for each other. Each block recomputes the
  * conv of its key head's q/k channels (cheap) and its own 16 value channels, and writes o as
  * bf16 and silu(z) as fp32; the gated RMSNorm is applied by the out_proj GEMV as it stages its
- * input.
+ * input. In a model's decode step the in_proj GEMV instead computes z last (and silu(z) with it)
+ * and counts its other rows done: the step starts on that count, while z streams
+ * (cuda_gemv_early).
  * Prefill: conv+norms+gates for every token in parallel, the conv state update, a scan over the
  * tokens per block with the state in registers, then the gated RMSNorm. */
 #include "kernels.h"
@@ -66,14 +68,20 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
  * No block waits for another: the conv state is a ring (column q % 4 holds position q), so the
  * one block that writes the q/k channels' new column (the key head's first) never touches the
  * columns the others read, and the gated RMSNorm runs in the out_proj GEMV's staging of its
- * input (cuda_gemv_gated), which reads this kernel's bf16 o.
+ * input (cuda_gemv_gated), which reads this kernel's bf16 o and silu(z).
+ * With cnt, the inputs are read once the in_proj's groups have counted their early rows
+ * (cnt[0] == target); the kernel then completes only after the in_proj (which writes silu(z)),
+ * and its last block sets both counts back to zero (cnt[1] counts the blocks done: every block
+ * is past its wait then, and the in_proj counts no more). The next step of this layer counts
+ * only after that: its in_proj counts after its own wait, i.e. after this kernel completed.
  * Bytes: 8 Hv dk dv (state read + written) + ~2 (conv_dim + value_dim) * 5 (conv window, x, o);
  * FLOPs: ~6 Hv dk dv. */
 template <int NR, int LPC>
 static __global__ void __launch_bounds__(GDN_THREADS, LPC == 4 ? 5 : 1)
 gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_state,
                 const uint16_t *conv_w, const float *A_log, const float *dt_bias, float *state,
-                const int32_t *pos, int Hk, int Hv, int dv, unsigned long long *tr) {
+                const int32_t *pos, int Hk, int Hv, int dv, int *cnt, int target,
+                unsigned long long *tr) {
     constexpr int STEP_COLS = GDN_THREADS / LPC; /* value columns per block */
     const int dk = NR * LPC;
     __shared__ float sq[NR * LPC], sk[NR * LPC], sv[STEP_COLS], red[8];
@@ -149,7 +157,12 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
             prefetch_l2(base + (size_t)(2 * key_dim + ov * dv + oc0) * 4 + (j % vlines) * 64);
         }
     }
-    grid_dependency_wait();
+    if (cnt) { /* the in_proj's rows but z written (cuda_gemv_early) */
+        if (tid == 0) wait_count(cnt, target);
+        __syncthreads();
+    } else {
+        grid_dependency_wait();
+    }
     ktrace_stamp(tr, 1);
 
     /* 1. every input from the in_proj GEMV at once: one L2 round trip. (Loaded where they are
@@ -160,13 +173,14 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     for (int it = 0; it < QIT; it++) {
         const int i = tid + it * GDN_THREADS;
 #pragma unroll
-        for (int part = 0; part < 2; part++) xqk[part][it] = i < dk ? proj[part * key_dim + kh * dk + i] : 0;
+        for (int part = 0; part < 2; part++)
+            xqk[part][it] = i < dk ? load_coherent_u16(proj + part * key_dim + kh * dk + i) : 0;
     }
     const int vch = v * dv + col0 + tid; /* this thread's value channel (tid < STEP_COLS) */
-    const uint16_t xv = tid < STEP_COLS ? proj[2 * key_dim + vch] : 0;
-    const uint16_t xz = tid < STEP_COLS ? proj[conv_dim + vch] : 0;
-    const uint16_t xb = tid == 0 ? proj[conv_dim + value_dim + v] : 0;
-    const uint16_t xa = tid == 0 ? proj[conv_dim + value_dim + Hv + v] : 0;
+    const uint16_t xv = tid < STEP_COLS ? load_coherent_u16(proj + 2 * key_dim + vch) : 0;
+    const uint16_t xz = tid < STEP_COLS && !cnt ? load_coherent_u16(proj + conv_dim + vch) : 0;
+    const uint16_t xb = tid == 0 ? load_coherent_u16(proj + conv_dim + value_dim + v) : 0;
+    const uint16_t xa = tid == 0 ? load_coherent_u16(proj + conv_dim + value_dim + Hv + v) : 0;
 
     /* 2. conv + SiLU of the key head's q and k channels (window [s1 s2 s3 x]), L2 norms; the
      * key head's first block puts x in the ring */
@@ -192,10 +206,10 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
             }
         }
     }
-    /* 3. this block's value channels (owned by this block alone), and silu(z) of its columns
-     * for the gated norm in the out_proj GEMV */
+    /* 3. this block's value channels (owned by this block alone), and (unless the in_proj
+     * wrote it: cnt) silu(z) of its columns for the gated norm in the out_proj GEMV */
     if (tid < STEP_COLS) {
-        sz[vch] = silu_f(bf2f(xz)); /* HF: silu(z) */
+        if (!cnt) sz[vch] = silu_f(bf2f(xz)); /* HF: silu(z) */
         conv_state[(size_t)(2 * key_dim + vch) * 4 + cnew] = xv;
         float acc = vacc;
         acc += vw3 * bf2f(xv);
@@ -229,6 +243,10 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     ktrace_stamp(tr, 3);
 #pragma unroll
     for (int m = 0; m < NR; m++) Sg[(size_t)(rg + LPC * m) * dv] = S[m];
+    if (cnt) { /* complete only after the in_proj (its z rows), and leave both counts at zero */
+        grid_dependency_wait();
+        if (tid == 0 && atomicAdd(cnt + 1, 1) == (int)(gridDim.x * gridDim.y) - 1) cnt[0] = cnt[1] = 0;
+    }
 }
 
 /* ---- prefill -------------------------------------------------------------------------------- */
@@ -361,13 +379,14 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
 template <int DK, int LPC>
 static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                         const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
-                        const float *A_log, const float *dt_bias, float *state, const int32_t *pos) {
+                        const float *A_log, const float *dt_bias, float *state, const int32_t *pos,
+                        int *cnt, int target) {
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
     CHECK(dv % (GDN_THREADS / LPC) == 0);
     dim3 grid(Hv, dv / (GDN_THREADS / LPC));
     gpu_launch(cu->pdl, gdn_step_kernel<DK / LPC, LPC>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf,
-               sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads,
-               Hv, dv, cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)));
+               sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads, Hv,
+               dv, cnt, target, cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)));
     cu->n_launches++;
 }
 
@@ -385,11 +404,11 @@ template <int DK>
 static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                             const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                             const float *A_log, const float *dt_bias, float *state,
-                            const int32_t *pos) {
+                            const int32_t *pos, int *cnt, int target) {
     if (step_lpc(cu, c) == 4)
-        launch_step<DK, 4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);
+        launch_step<DK, 4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target);
     else
-        launch_step<DK, 8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos);
+        launch_step<DK, 8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target);
 }
 
 /* The decode step kernel cuda_gdn_step launches for this model: registers per thread, threads. */
@@ -411,12 +430,12 @@ extern "C" int cuda_gdn_step_regs(struct cuda *cu, const struct config *c, int *
 extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                               const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                               const float *A_log, const float *dt_bias, float *state,
-                              const int32_t *pos) {
+                              const int32_t *pos, int *cnt, int target) {
     CHECK(c->linear_conv_kernel_dim == 4);
     switch (c->linear_key_head_dim) {
-    case 32: launch_step_lpc<32>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
-    case 64: launch_step_lpc<64>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
-    case 128: launch_step_lpc<128>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos); break;
+    case 32: launch_step_lpc<32>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target); break;
+    case 64: launch_step_lpc<64>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target); break;
+    case 128: launch_step_lpc<128>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
 }

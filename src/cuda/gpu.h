@@ -285,7 +285,15 @@ static __device__ __forceinline__ uint4 load_stream(const uint4 *p) { return __l
 /* Data another block of the same launch wrote (after a fence): bypass the non-coherent L1. */
 static __device__ __forceinline__ float load_coherent(const float *p) { return __ldcg(p); }
 static __device__ __forceinline__ float4 load_coherent4(const float *p) { return __ldcg((const float4 *)p); }
+static __device__ __forceinline__ uint16_t load_coherent_u16(const uint16_t *p) { return __ldcg(p); }
 static __device__ __forceinline__ void fence_device(void) { __threadfence(); }
+/* Spins until *p >= target (a count other blocks raise with fence_device + atomicAdd), then
+ * fences: what they wrote before counting is then visible to load_coherent reads. */
+static __device__ __forceinline__ void wait_count(const int *p, int target) {
+    while (*(const volatile int *)p < target) {
+    }
+    __threadfence();
+}
 /* Programmatic dependent launch: wait until the previous kernel of the stream has completed and
  * its writes are visible (a no-op when launched without the attribute). */
 static __device__ __forceinline__ void grid_dependency_wait(void) {

@@ -34,6 +34,11 @@ struct cuda_gemv_job {
     int N, K, accumulate, swiglu, tpr;
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
     int nw_pre;                /* the RMSNorm weights loaded before the wait (STRATA_GEMV_NWPRE) */
+    int rot;                   /* the p-th row pair is pair (p + rot) % pairs (plain GEMVs) */
+    int early;                 /* with early_cnt: each group counts once its pairs < early are */
+    int *early_cnt;            /* written (cuda_gemv_early) */
+    float *esz;                /* with early_cnt: silu(z) of rows z0 .. z0 + nz - 1 (fp32) */
+    int z0, nz;
     const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
     const float *gnorm_w;      /* its weights (dv,) */
     int gdv;                   /* its head size */
@@ -45,6 +50,7 @@ struct cuda_gemv_job {
  * entry, inputs ready (past the wait), prep done, main loop done, partial published (counter),
  * last block done; a stamp left 0 was not reached (a block with no work, or not the last). */
 #define CUDA_KTRACE_JOBS 64
+#define CUDA_GDN_SLOTS 64 /* DeltaNet layers with a step counter pair */
 #define CUDA_KTRACE_BLOCKS 1024
 #define CUDA_KTRACE_STAMPS 6
 #define CUDA_KTRACE_STRIDE (CUDA_KTRACE_BLOCKS * CUDA_KTRACE_STAMPS)
@@ -115,7 +121,12 @@ struct cuda {
     float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
     float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
-    float *gdn_sz;     /* (Hv, dv) decode: silu(z) */
+    float *gdn_sz;     /* (Hv, dv) decode: silu(z), from the step or (early) the in_proj */
+    int *gdn_cnt;      /* (2 CUDA_GDN_SLOTS,) decode: per DeltaNet layer, the in_proj's count of
+                          early warp groups and the step's count of blocks done (gdn.cu) */
+    const void *gdn_slot_key[CUDA_GDN_SLOTS]; /* the layer of each pair: its conv state */
+    int gdn_early;     /* STRATA_GDN_EARLY (default 1): the step starts once the in_proj's b, a,
+                          q, k, v rows are written (0: after the whole in_proj) */
     int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax,
                           [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
@@ -163,6 +174,10 @@ int cuda_gemv_wide_shape(int hidden); /* see matmul.cu gemv_pick */
 int cuda_gemv_regs(int shape, int *threads); /* registers per thread of its plain kernel */
 void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                      const float *norm_w, int dv, const uint16_t *W, int N, int K, float eps);
+int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                    const uint16_t *W, int N, int K, float eps, int rot, int early, int *cnt,
+                    float *sz, int z0, int nz);
+long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);
 void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T, int N,
@@ -183,11 +198,12 @@ void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uin
 
 /* gdn.cu. Decode: obuf (value_dim,) gets the delta rule's o as bf16 and sz (value_dim,) silu(z),
  * for the gated norm cuda_gemv_gated applies; prefill: out (T, value_dim) is the gated norm's
- * output. */
+ * output. With cnt (decode), the step reads proj once cnt[0] >= target (cuda_gemv_early, which
+ * also writes sz) instead of after the whole previous kernel, and leaves cnt[0], cnt[1] zero. */
 int cuda_gdn_step_regs(struct cuda *cu, const struct config *c, int *threads); /* its kernel's */
 void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz, const uint16_t *proj,
                    uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
-                   const float *dt_bias, float *state, const int32_t *pos);
+                   const float *dt_bias, float *state, const int32_t *pos, int *cnt, int target);
 /* out (T, value_dim) = the gated RMSNorm of cu->gdn_o (the step's or the scan's o) with z. */
 void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
                    const float *norm_w, int T);

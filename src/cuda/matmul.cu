@@ -59,6 +59,11 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     const int n_items = n_units * nc;                 /* the same for every thread of the block */
     unsigned long long *tr = job.trace && threadIdx.x == 0 ? job.trace + 4 * blockIdx.x : NULL;
     if (tr) tr[0] = gpu_time_ns();
+    const int rot = SWIGLU ? 0 : job.rot;
+    auto rows_of = [&](int p, int &r0, int &r1, bool &has1) { /* p < n_pairs */
+        const int q = p + rot;
+        gemv_rows<SWIGLU>(q < n_pairs ? q : q - n_pairs, N, r0, r1, has1);
+    };
 
     uint4 A[D + 1][U], B[D + 1][U]; /* ring of in-flight items */
     float R0[D + 1], R1[D + 1];     /* residual rows of an item that ends its row pair */
@@ -75,7 +80,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
         if (valid && p < n_pairs) {
             int r0, r1;
             bool has1;
-            gemv_rows<SWIGLU>(p, N, r0, r1, has1);
+            rows_of(p, r0, r1, has1);
             const uint4 *w0 = (const uint4 *)(W + (size_t)r0 * K), *w1 = (const uint4 *)(W + (size_t)r1 * K);
             const int k = l + c * STEP;
 #pragma unroll
@@ -103,7 +108,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     if (n_items > 0 && pb + g < n_pairs) { /* the next items of the first rows, towards L2 */
         int r0, r1;
         bool has1;
-        gemv_rows<SWIGLU>(pb + g, N, r0, r1, has1);
+        rows_of(pb + g, r0, r1, has1);
         const char *c0 = (const char *)(W + (size_t)r0 * K), *c1 = (const char *)(W + (size_t)r1 * K);
         const int lim = job.pf_items < 0 ? K * 2 : min(K * 2, 16 * (D + job.pf_items) * STEP);
         for (int off = 16 * D * STEP + l * 128; off < lim; off += TPR * 128) {
@@ -133,7 +138,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             if (s < n_items && p < n_pairs && c == nc - 1) {
                 int r0, r1;
                 bool has1;
-                gemv_rows<SWIGLU>(p, N, r0, r1, has1);
+                rows_of(p, r0, r1, has1);
                 R0[s] = bf2f(out[r0]);
                 R1[s] = has1 ? bf2f(out[r1]) : 0.0f;
             }
@@ -191,8 +196,8 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     } else if (GATED) {
         /* the DeltaNet gated RMSNorm of x, per head of gdv values (gdv / 8 lanes, aligned):
          * bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)), as cpu.c's gdn_heads,
-         * silu(z) from the DeltaNet step (fp32); K8 is a multiple of the warp size, so every
-         * lane takes part in the group sums */
+         * silu(z) in fp32 from the DeltaNet step or the in_proj GEMV; K8 is a multiple of the
+         * warp size, so every lane takes part in the group sums */
         const float4 *sz4 = (const float4 *)job.gsz, *nw4 = (const float4 *)(xs + K8);
         const int gw = job.gdv / 8;
         for (int i0 = threadIdx.x; i0 < K8; i0 += 2 * GEMV_THREADS) {
@@ -243,6 +248,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     if (tr) tr[2] = gpu_time_ns();
 
     float a0 = 0.0f, a1 = 0.0f;
+    bool signal = false; /* early_cnt to count (lane l == 0) */
     int p = pb + g, c = 0; /* the item being computed */
     for (int t0 = 0; t0 < n_items; t0 += D + 1) {
 #pragma unroll
@@ -253,6 +259,11 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             const int sn = (s + D) % (D + 1);
             issue(t + D < n_items, ip, ic, A[sn], B[sn], R0[sn], R1[sn], true);
             advance(ip, ic);
+            if (signal) {
+                fence_device();
+                atomicAdd(job.early_cnt, 1);
+                signal = false;
+            }
             /* compute item t */
             const bool active = p < n_pairs;
             if (active) {
@@ -287,7 +298,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                 if (l == 0 && active) {
                     int r0, r1;
                     bool has1;
-                    gemv_rows<SWIGLU>(p, N, r0, r1, has1);
+                    rows_of(p, r0, r1, has1);
                     if (SWIGLU) {
                         float gt = bfr(a0), up = bfr(a1);
                         out[p] = f2bf(bfr(silu_f(gt)) * up); /* HF: act_fn(gate_proj(x)) * up_proj(x) */
@@ -298,11 +309,23 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                         out[r0] = f2bf(a0);
                         if (has1) out[r1] = f2bf(a1);
                     }
+                    if (job.esz)
+                        for (int k = 0; k < 2; k++) { /* silu(z) of its z rows, for the out_proj */
+                            const int r = k ? r1 : r0, z = r - job.z0;
+                            if ((k == 0 || has1) && z >= 0 && z < job.nz) job.esz[z] = silu_f(bfr(k ? a1 : a0));
+                        }
+                    /* this group's last early pair: count the group once the next item's loads
+                     * are out (the fence waits for the writes) */
+                    if (job.early_cnt && p < job.early && p + pstride >= job.early) signal = true;
                 }
                 a0 = a1 = 0.0f;
             }
             advance(p, c);
         }
+    }
+    if (signal) { /* its last item was early */
+        fence_device();
+        atomicAdd(job.early_cnt, 1);
     }
     if (tr) tr[3] = gpu_time_ns();
 }
@@ -425,8 +448,9 @@ static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_jo
     return cu->trace + (size_t)n * CUDA_TRACE_STRIDE;
 }
 
-/* Launches a decode GEMV job on the persistent grid with the shape the cost model picks. */
-static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
+/* Launches a decode GEMV job on the persistent grid with the shape the cost model picks (dry:
+ * only sizes that grid); returns its warp groups, the grid stride in row pairs. */
+static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, int dry = 0) {
     const int N = job.N, K = job.K;
     CHECK(K % 8 == 0 && (size_t)K * 4 <= (size_t)cu->info.smem_optin);
     /* x, and the norm weights (bf16 (K,) or the gated norm's fp32 (gdv,)) */
@@ -457,6 +481,7 @@ static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
     gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : sh->plain;
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
+    if (dry) return blocks * groups;
     job.tpr = sh->tpr;
     job.pf_items = cu->gemv_pf_items;
     job.nw_pre = cu->gemv_nw_pre;
@@ -464,6 +489,7 @@ static void launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps) {
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
     cu->n_launches++;
+    return blocks * groups;
 }
 
 extern "C" void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x,
@@ -490,6 +516,28 @@ extern "C" void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *
     job.out = out, job.x = o, job.W = W, job.N = N, job.K = K, job.accumulate = 1;
     job.gsz = sz, job.gnorm_w = norm_w, job.gdv = dv;
     launch_gemv(cu, job, eps);
+}
+
+/* A plain GEMV whose row pairs run in the order rot, rot + 1, ... (mod the pairs), each warp
+ * group counting *cnt up once it has written its pairs among the first `early` of that order
+ * (fence, then the count); returns the count all groups reach. The DeltaNet in_proj puts
+ * b, a, q, k, v first and z last, so the step can start while z streams (cuda_gdn_step). */
+extern "C" int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x,
+                               const uint16_t *norm_w, const uint16_t *W, int N, int K, float eps,
+                               int rot, int early, int *cnt, float *sz, int z0, int nz) {
+    struct cuda_gemv_job job = {};
+    job.out = out, job.x = x, job.norm_w = norm_w, job.W = W, job.N = N, job.K = K;
+    job.rot = rot, job.early = early, job.early_cnt = cnt;
+    job.esz = sz, job.z0 = z0, job.nz = nz;
+    const long groups = launch_gemv(cu, job, eps);
+    return (int)(groups < early ? groups : early);
+}
+
+/* The warp groups cuda_gemv_early's grid would have (0: none, a GEMV it does not take). */
+extern "C" long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm) {
+    struct cuda_gemv_job job = {};
+    job.N = N, job.K = K, job.norm_w = norm ? (const uint16_t *)1 : NULL;
+    return launch_gemv(cu, job, 0.0f, 1);
 }
 
 extern "C" void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n) {
