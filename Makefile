@@ -1,6 +1,7 @@
 # strata - the one build file.
 #   make            build/strata (+ CUDA kernels for sm_90 when nvcc is found)
 #   make NVCC=      CPU-only build
+#   make NVEXTRA=-lineinfo   extra nvcc flags (scripts/gpu-profile.sh: source lines for ncu)
 #   make test       build and run the test suite (ends with "N passed, N failed")
 #   make asan       CPU-only build with AddressSanitizer + UBSan in build-asan/
 #   make test-asan  the suite under ASan + UBSan
@@ -14,6 +15,7 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(OPT) -g -fopenmp -Isrc
 LDLIBS  += -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lm -lpthread
 LDFLAGS += -fopenmp
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Wextra -Isrc --expt-relaxed-constexpr
+NVFLAGS += $(NVEXTRA)
 
 SRC      := $(wildcard src/*.c src/cpu/*.c)
 MAIN_SRC := src/main.c
