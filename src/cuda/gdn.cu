@@ -69,7 +69,7 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
  * one block that writes the q/k channels' new column (the key head's first) never touches the
  * columns the others read, and the gated RMSNorm runs in the out_proj GEMV's staging of its
  * input (cuda_gemv_gated), which reads this kernel's bf16 o and silu(z).
- * With cnt, the inputs are read once the in_proj's groups have counted their early rows
+ * With cnt, the inputs are read once the in_proj's blocks have counted their early rows
  * (cnt[0] == target); the kernel then completes only after the in_proj (which writes silu(z)),
  * and its last block sets both counts back to zero (cnt[1] counts the blocks done: every block
  * is past its wait then, and the in_proj counts no more). The next step of this layer counts

@@ -177,6 +177,9 @@ static inline void gpu_launch(int pdl, void (*kernel)(Exp...), dim3 grid, dim3 b
     cfg.numAttrs = pdl ? 1 : 0;
     GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
+/* A kernel's register cap per thread (not combinable with __launch_bounds__). A HIP port may
+ * define it empty or as an equivalent launch bound. */
+#define GPU_MAXNREG(n) __maxnreg__(n)
 /* Lets a kernel use more than 48 KiB of dynamic shared memory. */
 #define GPU_SMEM_OPTIN(kernel, bytes)                                                          \
     GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes)))

@@ -35,7 +35,7 @@ struct cuda_gemv_job {
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
     int nw_pre;                /* the RMSNorm weights loaded before the wait (STRATA_GEMV_NWPRE) */
     int rot;                   /* the p-th row pair is pair (p + rot) % pairs (plain GEMVs) */
-    int early;                 /* with early_cnt: each group counts once its pairs < early are */
+    int early;                 /* with early_cnt: each block counts once its pairs < early are */
     int *early_cnt;            /* written (cuda_gemv_early) */
     float *esz;                /* with early_cnt: silu(z) of rows z0 .. z0 + nz - 1 (fp32) */
     int z0, nz;
@@ -123,7 +123,7 @@ struct cuda {
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
     float *gdn_sz;     /* (Hv, dv) decode: silu(z), from the step or (early) the in_proj */
     int *gdn_cnt;      /* (2 CUDA_GDN_SLOTS,) decode: per DeltaNet layer, the in_proj's count of
-                          early warp groups and the step's count of blocks done (gdn.cu) */
+                          blocks with their early pairs written and the step's of its blocks done */
     const void *gdn_slot_key[CUDA_GDN_SLOTS]; /* the layer of each pair: its conv state */
     int gdn_early;     /* STRATA_GDN_EARLY (default 1): the step starts once the in_proj's b, a,
                           q, k, v rows are written (0: after the whole in_proj) */

@@ -38,12 +38,13 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
  * block has one long row pair); the block lets the next kernel start its blocks at once.
  * Bytes: 2 N K weights (4 I K for SwiGLU) + 2 K x per block + 2 N out (x2 with accumulate);
  * FLOPs: 2 N K (+ ~4 K per block for the norm). */
-enum { GEMV_PLAIN, GEMV_SWIGLU, GEMV_GATED }; /* the kernel's mode (GATED: cuda_gemv_gated) */
+/* the kernel's mode (GATED: cuda_gemv_gated; EARLY: plain, for cuda_gemv_early) */
+enum { GEMV_PLAIN, GEMV_SWIGLU, GEMV_GATED, GEMV_EARLY };
 
 template <int TPR, int U, int D, int MODE>
 static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job, float eps,
                                                 uint4 *xs, float (*red)[2]) {
-    constexpr bool SWIGLU = MODE == GEMV_SWIGLU, GATED = MODE == GEMV_GATED;
+    constexpr bool SWIGLU = MODE == GEMV_SWIGLU, GATED = MODE == GEMV_GATED, EARLY = MODE == GEMV_EARLY;
     uint16_t *out = job.out;
     const uint16_t *norm_w = job.norm_w, *W = job.W;
     const int N = job.N, K = job.K, accumulate = job.accumulate;
@@ -59,7 +60,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     const int n_items = n_units * nc;                 /* the same for every thread of the block */
     unsigned long long *tr = job.trace && threadIdx.x == 0 ? job.trace + 4 * blockIdx.x : NULL;
     if (tr) tr[0] = gpu_time_ns();
-    const int rot = SWIGLU ? 0 : job.rot;
+    const int rot = EARLY ? job.rot : 0;
     auto rows_of = [&](int p, int &r0, int &r1, bool &has1) { /* p < n_pairs */
         const int q = p + rot;
         gemv_rows<SWIGLU>(q < n_pairs ? q : q - n_pairs, N, r0, r1, has1);
@@ -248,7 +249,9 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     if (tr) tr[2] = gpu_time_ns();
 
     float a0 = 0.0f, a1 = 0.0f;
-    bool signal = false; /* early_cnt to count (lane l == 0) */
+    /* EARLY: the item after which every group of the block has written its early pairs (those
+     * of rounds 0 .. (early - 1 - pb) / pstride); -1: none of its pairs is early */
+    const int t_sig = EARLY && pb < job.early ? ((job.early - 1 - pb) / pstride + 1) * nc - 1 : -1;
     int p = pb + g, c = 0; /* the item being computed */
     for (int t0 = 0; t0 < n_items; t0 += D + 1) {
 #pragma unroll
@@ -259,11 +262,6 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             const int sn = (s + D) % (D + 1);
             issue(t + D < n_items, ip, ic, A[sn], B[sn], R0[sn], R1[sn], true);
             advance(ip, ic);
-            if (signal) {
-                fence_device();
-                atomicAdd(job.early_cnt, 1);
-                signal = false;
-            }
             /* compute item t */
             const bool active = p < n_pairs;
             if (active) {
@@ -309,23 +307,26 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                         out[r0] = f2bf(a0);
                         if (has1) out[r1] = f2bf(a1);
                     }
-                    if (job.esz)
+                    if (EARLY)
                         for (int k = 0; k < 2; k++) { /* silu(z) of its z rows, for the out_proj */
                             const int r = k ? r1 : r0, z = r - job.z0;
                             if ((k == 0 || has1) && z >= 0 && z < job.nz) job.esz[z] = silu_f(bfr(k ? a1 : a0));
                         }
-                    /* this group's last early pair: count the group once the next item's loads
-                     * are out (the fence waits for the writes) */
-                    if (job.early_cnt && p < job.early && p + pstride >= job.early) signal = true;
                 }
                 a0 = a1 = 0.0f;
             }
             advance(p, c);
+            if (EARLY && t == t_sig) {
+                /* the block's early pairs are written: one thread counts the block (the barrier
+                 * orders the other warps' writes before its fence, as a CUTLASS semaphore
+                 * does), so one warp waits on the fence instead of every one */
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    fence_device();
+                    atomicAdd(job.early_cnt, 1);
+                }
+            }
         }
-    }
-    if (signal) { /* its last item was early */
-        fence_device();
-        atomicAdd(job.early_cnt, 1);
     }
     if (tr) tr[3] = gpu_time_ns();
 }
@@ -354,17 +355,27 @@ static __global__ void swiglu_kernel(uint16_t *out, const uint16_t *gu, int T, i
     out[idx] = f2bf(bfr(silu_f(g)) * u);
 }
 
+/* The EARLY mode (the DeltaNet in_proj) held to the plain kernel's 104 registers: the step's
+ * block (128 x 96) must fit beside two of its blocks (backend_cuda_residency). */
+template <int TPR, int U, int D>
+static __global__ void GPU_MAXNREG(104) gemv_early_kernel(struct cuda_gemv_job job, float eps) {
+    extern __shared__ uint4 xs[];
+    __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
+    grid_launch_dependents();
+    gemv_run<TPR, U, D, GEMV_EARLY>(job, eps, xs, red);
+}
+
 typedef void (*gemv_fn)(struct cuda_gemv_job, float);
 
 /* The instantiated (TPR, U, D) shapes (U (D + 1) <= 10 keeps every one within 128 registers);
  * U = 5 fits K = 2560 rows (320 words) in one item of 64 threads or two of 32. */
 struct gemv_shape {
     int tpr, u, d;
-    gemv_fn plain, swiglu, gated;
+    gemv_fn plain, swiglu, gated, early;
 };
 #define GEMV_SHAPE(T, U, D)                                                                     \
     {T, U, D, gemv_kernel<T, U, D, GEMV_PLAIN>, gemv_kernel<T, U, D, GEMV_SWIGLU>,              \
-     gemv_kernel<T, U, D, GEMV_GATED>}
+     gemv_kernel<T, U, D, GEMV_GATED>, gemv_early_kernel<T, U, D>}
 static const struct gemv_shape gemv_shapes[] = {
     GEMV_SHAPE(32, 4, 1),  GEMV_SHAPE(64, 4, 1),  GEMV_SHAPE(128, 4, 1), GEMV_SHAPE(256, 4, 1),
     GEMV_SHAPE(128, 2, 2), GEMV_SHAPE(256, 2, 2), GEMV_SHAPE(256, 1, 3), GEMV_SHAPE(128, 1, 3),
@@ -431,10 +442,12 @@ extern "C" int cuda_gemv_wide_shape(int hidden) {
     return 0;
 }
 
-/* Registers per thread of a shape's plain (normalising, non-gated) kernel; threads per block. */
+/* Registers per thread of a shape's plain (normalising, non-gated) kernel, or of its EARLY mode
+ * (cuda_gemv_early) where that takes more; threads per block. */
 extern "C" int cuda_gemv_regs(int shape, int *threads) {
     *threads = GEMV_THREADS;
-    return gpu_kernel_regs(gemv_shapes[shape].plain);
+    const int a = gpu_kernel_regs(gemv_shapes[shape].plain), b = gpu_kernel_regs(gemv_shapes[shape].early);
+    return a > b ? a : b;
 }
 
 /* Tracing: the job's timestamp slots (NULL when tracing is off or the buffer is full). */
@@ -450,7 +463,8 @@ static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_jo
 
 /* Launches a decode GEMV job on the persistent grid with the shape the cost model picks (dry:
  * only sizes that grid); returns its warp groups, the grid stride in row pairs. */
-static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, int dry = 0) {
+static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, int dry = 0,
+                        int *tpr = NULL) {
     const int N = job.N, K = job.K;
     CHECK(K % 8 == 0 && (size_t)K * 4 <= (size_t)cu->info.smem_optin);
     /* x, and the norm weights (bf16 (K,) or the gated norm's fp32 (gdv,)) */
@@ -478,7 +492,8 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
                                    : pairs <= ncap * (GEMV_THREADS / nw->tpr) ? 1 : 0;
         if (cu->gemv_narrow_mask & cls) sh = nw, cap = ncap;
     }
-    gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : sh->plain;
+    gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : job.early_cnt ? sh->early : sh->plain;
+    if (tpr) *tpr = sh->tpr;
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
     if (dry) return blocks * groups;
@@ -518,10 +533,11 @@ extern "C" void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *
     launch_gemv(cu, job, eps);
 }
 
-/* A plain GEMV whose row pairs run in the order rot, rot + 1, ... (mod the pairs), each warp
- * group counting *cnt up once it has written its pairs among the first `early` of that order
- * (fence, then the count); returns the count all groups reach. The DeltaNet in_proj puts
- * b, a, q, k, v first and z last, so the step can start while z streams (cuda_gdn_step). */
+/* A plain GEMV whose row pairs run in the order rot, rot + 1, ... (mod the pairs), each block
+ * counting *cnt up once its pairs among the first `early` of that order are written (after a
+ * barrier, one thread: fence, then the count), and writing silu(z) (fp32) of rows z0 .. z0 +
+ * nz - 1 to sz; returns the count all blocks reach. The DeltaNet in_proj puts b, a, q, k, v
+ * first and z last, so the step can start while z streams (cuda_gdn_step). */
 extern "C" int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x,
                                const uint16_t *norm_w, const uint16_t *W, int N, int K, float eps,
                                int rot, int early, int *cnt, float *sz, int z0, int nz) {
@@ -529,8 +545,10 @@ extern "C" int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x
     job.out = out, job.x = x, job.norm_w = norm_w, job.W = W, job.N = N, job.K = K;
     job.rot = rot, job.early = early, job.early_cnt = cnt;
     job.esz = sz, job.z0 = z0, job.nz = nz;
-    const long groups = launch_gemv(cu, job, eps);
-    return (int)(groups < early ? groups : early);
+    int tpr = 0;
+    const long groups = launch_gemv(cu, job, eps, 0, &tpr), per_block = GEMV_THREADS / tpr;
+    const long blocks = groups / per_block, counting = (early + per_block - 1) / per_block;
+    return (int)(counting < blocks ? counting : blocks);
 }
 
 /* The warp groups cuda_gemv_early's grid would have (0: none, a GEMV it does not take). */
