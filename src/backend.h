@@ -67,14 +67,17 @@ struct backend_ops {
     void (*matmul_swiglu)(struct backend *be, uint16_t *out, const uint16_t *x,
                           const uint16_t *norm_w, const uint16_t *W_gu, int T, int I, int K);
 
-    /* Gated full attention, everything after the projections (qwen35-model.md 3.3-3.4):
-     * qkv (T, 2*nH*hd + 2*nKV*hd) = [q_proj out (per-head query|gate interleaved) | k | v];
+    /* Gated full attention (qwen35-model.md 3.3-3.4): qkv (T, 2*nH*hd + 2*nKV*hd) = [q_proj out
+     * (per-head query|gate interleaved) | k | v], computed here as rmsnorm(h; in_norm) W_in^T
+     * when W_in is given (the layer's input projections: a backend may then overlap them with
+     * the attention), else as the caller wrote it;
      * q/k zero-centred RMSNorm per head, partial NeoX RoPE at positions *pos + t, k/v appended
      * to the caches (nKV, max_ctx, hd) at *pos, causal GQA softmax attention over positions
      * 0 .. *pos + t, times bf16(sigmoid(gate)).                          out (T, nH*hd) */
-    void (*attention)(struct backend *be, uint16_t *out, const uint16_t *qkv,
-                      const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
-                      uint16_t *v_cache, const int32_t *pos, int T);
+    void (*attention)(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *h,
+                      const uint16_t *in_norm, const uint16_t *W_in, const uint16_t *q_norm,
+                      const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
+                      const int32_t *pos, int T);
 
     /* Gated DeltaNet mixer, out_proj and its residual add included (qwen35-model.md 3.5, 4):
      * proj (T, conv_dim + value_dim + 2*Hv) = [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a],

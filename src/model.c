@@ -427,18 +427,16 @@ static void forward(struct model *m, int T) {
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
     int H = c->hidden_size, I = c->intermediate_size;
-    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    int nH = c->num_attention_heads, hd = c->head_dim;
 
     op->embed(be, m->h, m->embed_tokens, m->ids, T); /* HF: inputs_embeds = embed_tokens(ids) */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         struct layer *L = &m->layers[l];
         if (L->type == LAYER_FULL_ATTENTION) {
-            /* HF: hidden = input_layernorm(residual); q_proj/k_proj/v_proj(hidden) */
-            op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, T,
-                       2 * nH * hd + 2 * nKV * hd, H, 0);
-            /* HF: q/k norm, rope, cache update, attention, * sigmoid(gate) */
-            op->attention(be, m->mix, m->proj, L->q_norm, L->k_norm, L->k_cache, L->v_cache,
-                          m->pos_dev, T);
+            /* HF: hidden = input_layernorm(residual); q_proj/k_proj/v_proj(hidden); q/k norm,
+             * rope, cache update, attention, * sigmoid(gate) */
+            op->attention(be, m->mix, m->proj, m->h, L->input_layernorm, L->w_mix, L->q_norm,
+                          L->k_norm, L->k_cache, L->v_cache, m->pos_dev, T);
             /* HF: residual + o_proj(attn_output) */
             op->matmul(be, m->h, m->mix, NULL, L->w_out, T, H, nH * hd, 1);
         } else {

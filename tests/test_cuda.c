@@ -296,13 +296,19 @@ static void check_chain(struct pair *p, const struct config *c, const char *tag)
  * passes the running max by far: the decode walk's lazy rescale (attention.cu, DEC_TH) and the
  * merge of partials with very different maxima are exercised, not only the first group's. */
 static void check_attention_k(struct pair *p, const struct config *c, const char *tag, int max_ctx,
-                              int pos0, int T, int graph_steps, float spread) {
-    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+                              int pos0, int T, int graph_steps, float spread, int with_in) {
+    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim, H = c->hidden_size;
     size_t row = (size_t)2 * nH * hd + 2 * nKV * hd;
     int steps = graph_steps > 0 ? graph_steps : 1;
     /* a graph records this call's buffers: one key per starting position, never replayed by a
      * later call whose buffers differ */
-    const int gkey = 1000 + pos0;
+    const int gkey = (with_in ? 2000 : 1000) + pos0;
+    /* with_in: the GPU computes qkv itself from h (the model's path; in decode the short kernel
+     * then starts before the qkv GEMV has finished), and the CPU attends over that qkv; the
+     * projection is compared on its own */
+    uint16_t *hs = with_in ? rand_bf16((size_t)steps * T * H, 1.0f) : NULL;
+    uint16_t *win = with_in ? rand_bf16(row * H, 0.05f) : NULL, *inw = with_in ? rand_bf16(H, 0.5f) : NULL;
+    uint16_t *gqkv[8] = {NULL};
     size_t nqkv = (size_t)T * row * steps, nout = (size_t)T * nH * hd;
     size_t ncache = (size_t)nKV * max_ctx * hd;
     uint16_t *qkv = rand_bf16(nqkv, 2.0f), *qn = rand_bf16(hd, 0.5f), *kn = rand_bf16(hd, 0.5f);
@@ -316,9 +322,12 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
     uint16_t *res[2][8], *kres[2], *vres[2];
     struct backend *bes[2] = {p->cpu, p->gpu};
     CHECK(steps <= 8);
-    for (int b = 0; b < 2; b++) {
+    for (int bi = 0; bi < 2; bi++) {
+        const int b = with_in ? 1 - bi : bi, own_in = with_in && b == 1;
         struct backend *be = bes[b];
         void *dqkv = up(be, qkv, nqkv * 2), *dqn = up(be, qn, hd * 2), *dkn = up(be, kn, hd * 2);
+        void *dh = own_in ? be->ops->alloc(be, (size_t)T * H * 2) : NULL;
+        void *dwin = own_in ? up(be, win, row * H * 2) : NULL, *dinw = own_in ? up(be, inw, H * 2) : NULL;
         void *dk = up(be, kc, ncache * 2), *dv = up(be, vc, ncache * 2);
         void *dout = be->ops->alloc(be, nout * 2);
         int32_t *dpos = be->ops->alloc(be, 4);
@@ -326,28 +335,48 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
         for (int s = 0; s < steps; s++) {
             int32_t pos = pos0 + s;
             be->ops->upload(be, dpos, &pos, 4);
-            be->ops->upload(be, dstep, qkv + (size_t)s * T * row, (size_t)T * row * 2);
+            if (own_in)
+                be->ops->upload(be, dh, hs + (size_t)s * T * H, (size_t)T * H * 2);
+            else
+                be->ops->upload(be, dstep, with_in ? gqkv[s] : qkv + (size_t)s * T * row, (size_t)T * row * 2);
             if (b == 1) poison(be, dout, nout * 2);
             if (graph_steps > 0) {
                 if (!be->ops->graph_replay(be, gkey)) {
                     be->ops->graph_begin(be, gkey);
-                    be->ops->attention(be, dout, dstep, dqn, dkn, dk, dv, dpos, T);
+                    be->ops->attention(be, dout, dstep, dh, dinw, dwin, dqn, dkn, dk, dv, dpos, T);
                     be->ops->graph_end(be, gkey);
                 }
             } else {
-                be->ops->attention(be, dout, dstep, dqn, dkn, dk, dv, dpos, T);
+                be->ops->attention(be, dout, dstep, dh, dinw, dwin, dqn, dkn, dk, dv, dpos, T);
             }
             res[b][s] = down(be, dout, nout * 2);
+            if (own_in) gqkv[s] = down(be, dstep, (size_t)T * row * 2);
         }
         kres[b] = down(be, dk, ncache * 2);
         vres[b] = down(be, dv, ncache * 2);
-        void *bufs[] = {dqkv, dqn, dkn, dk, dv, dout, dpos, dstep};
-        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+        void *bufs[] = {dqkv, dqn, dkn, dk, dv, dout, dpos, dstep, dh, dwin, dinw};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]) be->ops->free(be, bufs[i]);
     }
     char what[160];
+    if (with_in) { /* each step's GPU qkv against the CPU's projection of the same h */
+        struct backend *be = p->cpu;
+        void *dh = be->ops->alloc(be, (size_t)T * H * 2), *dout = be->ops->alloc(be, (size_t)T * row * 2);
+        void *dinw = up(be, inw, H * 2), *dwin = up(be, win, row * H * 2);
+        for (int s = 0; s < steps; s++) {
+            be->ops->upload(be, dh, hs + (size_t)s * T * H, (size_t)T * H * 2);
+            be->ops->matmul(be, dout, dh, dinw, dwin, T, (int)row, H, 0);
+            uint16_t *cq = down(be, dout, (size_t)T * row * 2);
+            snprintf(what, sizeof what, "%s attention qkv T=%d pos=%d%s", tag, T, pos0 + s, graph_steps ? " (graph)" : "");
+            EXPECT(close_bf16(what, gqkv[s], cq, (size_t)T * row), "%s", what);
+            free(cq), free(gqkv[s]);
+        }
+        void *bufs[] = {dh, dout, dinw, dwin};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+    }
     for (int s = 0; s < steps; s++) {
-        snprintf(what, sizeof what, "%s attention T=%d pos=%d%s%s", tag, T, pos0 + s,
-                 graph_steps ? " (graph)" : "", spread > 0.0f ? " (spread keys)" : "");
+        snprintf(what, sizeof what, "%s attention%s T=%d pos=%d%s%s", tag, with_in ? " +qkv" : "", T,
+                 pos0 + s, graph_steps ? " (graph)" : "", spread > 0.0f ? " (spread keys)" : "");
         /* a k or q value one bf16 ulp apart after its norm and RoPE (summation order) moves a
          * score by ~2^-8 of itself and every softmax weight with it: an output that is a small
          * difference of values gets an absolute error of ~2^-8 of their scale, so the absolute
@@ -361,11 +390,12 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
     EXPECT(close_bf16(what, vres[1], vres[0], ncache), "%s", what);
     free(qkv), free(qn), free(kn), free(kc), free(vc);
     free(kres[0]), free(kres[1]), free(vres[0]), free(vres[1]);
+    free(hs), free(win), free(inw);
 }
 
 static void check_attention(struct pair *p, const struct config *c, const char *tag, int max_ctx,
                             int pos0, int T, int graph_steps) {
-    check_attention_k(p, c, tag, max_ctx, pos0, T, graph_steps, 0.0f);
+    check_attention_k(p, c, tag, max_ctx, pos0, T, graph_steps, 0.0f, 0);
 }
 
 /* GDN (the mixer, out_proj and its residual add) over `calls` consecutive calls of T tokens
@@ -561,8 +591,13 @@ static void check_size(const char *size) {
     check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
     check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
     check_attention(&p, &c, size, max_ctx, 508, 1, 8);  /* one graph across the short kernel's end */
-    check_attention_k(&p, &c, size, max_ctx, 4000, 1, 0, 7.0f); /* lazy rescales, split walk */
-    check_attention_k(&p, &c, size, max_ctx, 300, 1, 2, 7.0f);  /* the same keys, short kernel */
+    check_attention_k(&p, &c, size, max_ctx, 4000, 1, 0, 7.0f, 0); /* lazy rescales, split walk */
+    check_attention_k(&p, &c, size, max_ctx, 300, 1, 2, 7.0f, 0);  /* the same keys, short kernel */
+    /* the short kernel started by the qkv GEMV's count */
+    check_attention_k(&p, &c, size, max_ctx, 2, 1, 0, 0.0f, 1);
+    check_attention_k(&p, &c, size, max_ctx, 40, 1, 5, 0.0f, 1);
+    check_attention_k(&p, &c, size, max_ctx, 508, 1, 8, 0.0f, 1); /* and past its end */
+    check_attention_k(&p, &c, size, max_ctx, 0, 7, 0, 0.0f, 1);
     /* the split kernel at short contexts too; the block-per-head kernel over 1,024 keys */
     for (int v = 0; v < 2; v++) {
         setenv("STRATA_ATTN_SHORT", v == 0 ? "0" : "1024", 1);
@@ -609,7 +644,7 @@ static void check_long(const char *size) {
     printf("%s, context %d:\n", size, max_ctx);
     check_attention(&p, &c, size, max_ctx, max_ctx - 1, 1, 0);
     check_attention(&p, &c, size, max_ctx, max_ctx - 5, 1, 5); /* graph replayed to the last slot */
-    check_attention_k(&p, &c, size, max_ctx, max_ctx - 1, 1, 0, 7.0f); /* scores spread widely */
+    check_attention_k(&p, &c, size, max_ctx, max_ctx - 1, 1, 0, 7.0f, 0); /* scores spread widely */
     p.gpu->ops->destroy(p.gpu);
     p.cpu->ops->destroy(p.cpu);
 }

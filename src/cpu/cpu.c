@@ -254,14 +254,17 @@ static void attn_heads(void *ctx, int lo, int hi, int thread) {
     free(acc);
 }
 
-static void cpu_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
-                          const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
-                          uint16_t *v_cache, const int32_t *pos_p, int T) {
+static void cpu_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *h,
+                          const uint16_t *in_norm, const uint16_t *W_in, const uint16_t *q_norm,
+                          const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
+                          const int32_t *pos_p, int T) {
     const struct config *c = be->config;
     struct cpu *cpu = cpu_of(be);
     int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     int group = nH / nKV, max_ctx = be->max_ctx, pos0 = *pos_p;
     size_t row = (size_t)2 * nH * hd + (size_t)2 * nKV * hd;
+    if (W_in) /* HF: q_proj / k_proj / v_proj of input_layernorm(h) */
+        cpu_matmul(be, qkv, h, in_norm, W_in, T, (int)row, c->hidden_size, 0);
     float scale = 1.0f / sqrtf((float)hd);
     CHECK(pos0 >= 0 && pos0 + T <= max_ctx);
 

@@ -543,8 +543,8 @@ static __global__ void __launch_bounds__(SHORT_WARPS *WARP_SIZE, 1)
 attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
                   const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
                   const uint16_t *rope_cos, const uint16_t *rope_sin, const int32_t *pos, int G,
-                  int short_max, int hd, int rot, int max_ctx, float scale, float eps,
-                  unsigned long long *tr) {
+                  int short_max, int hd, int rot, int max_ctx, float scale, float eps, int *cnt,
+                  int target, unsigned long long *tr) {
     __shared__ float wsm[SHORT_WARPS][256 + 2]; /* per warp: acc (hd), max, sum */
     const int h = blockIdx.x, nH = gridDim.x, nKV = nH / G, kvh = h / G, gi = h % G;
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -554,6 +554,7 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
     const int n = min(p + 1, max_ctx);
     if (n > short_max) { /* the split kernel's positions */
         grid_dependency_wait();
+        if (cnt && threadIdx.x == 0 && atomicAdd(cnt + 1, 1) == (int)gridDim.x - 1) cnt[0] = cnt[1] = 0;
         return;
     }
     const int sub = (n + SHORT_WARPS - 1) / SHORT_WARPS, a = wid * sub, b = min(n, a + sub);
@@ -571,7 +572,12 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
     const int pr = min(p, max_ctx - 1);
     const prep_words pw = load_prep_words(q_norm, k_norm, rope_cos, rope_sin, pr, rot, on, has_p);
     const uint4 qw = pw.qw, kw = pw.kw, cw = pw.cw, sw = pw.sw;
-    grid_dependency_wait(); /* qkv comes from the GEMV before */
+    if (cnt) { /* the qkv GEMV's rows but the gates written (cuda_gemv_early) */
+        if (threadIdx.x == 0) wait_count(cnt, target);
+        __syncthreads();
+    } else {
+        grid_dependency_wait(); /* qkv comes from the GEMV before */
+    }
     ktrace_stamp(tr, 1);
 
     /* 2. q (and, in the warp holding p, the new K/V row) in registers; this thread's gate. All
@@ -580,10 +586,10 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
     const uint16_t *qsrc = qkv + (size_t)h * 2 * hd; /* q, then the output gate */
     const size_t kv_off = (size_t)2 * nH * hd + (size_t)kvh * hd;
     const bool new_row = has_p && on;
-    const uint4 xq = on ? *(const uint4 *)(qsrc + lane * 8) : zero;
-    const uint4 xk = new_row ? *(const uint4 *)(qkv + kv_off + lane * 8) : zero;
-    const uint4 vp = new_row ? *(const uint4 *)(qkv + kv_off + (size_t)nKV * hd + lane * 8) : zero;
-    const uint16_t gate_raw = (int)threadIdx.x < hd ? qsrc[hd + threadIdx.x] : 0;
+    const uint4 xq = on ? load_coherent_u4(qsrc + lane * 8) : zero;
+    const uint4 xk = new_row ? load_coherent_u4(qkv + kv_off + lane * 8) : zero;
+    const uint4 vp = new_row ? load_coherent_u4(qkv + kv_off + (size_t)nKV * hd + lane * 8) : zero;
+    uint16_t gate_raw = !cnt && (int)threadIdx.x < hd ? qsrc[hd + threadIdx.x] : 0; /* with cnt: below */
     uint4 kp = zero;
     if (has_p) {
         kp = norm_rope_lane(xk, kw, cw, sw, hd, rot, eps);
@@ -647,6 +653,11 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
     if (lane == 0) wsm[wid][hd] = m, wsm[wid][hd + 1] = l;
     __syncthreads();
     const int d = threadIdx.x;
+    if (cnt) { /* the gates (the GEMV's last rows): once it has completed; then zero the counts */
+        grid_dependency_wait();
+        if (d < hd) gate_raw = qsrc[hd + d];
+        if (d == 0 && atomicAdd(cnt + 1, 1) == (int)gridDim.x - 1) cnt[0] = cnt[1] = 0;
+    }
     if (d >= hd) return;
     float M = -INFINITY;
     for (int w = 0; w < SHORT_WARPS; w++) M = fmaxf(M, wsm[w][hd]);
@@ -747,8 +758,8 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
         gpu_launch(cu->pdl, attn_short_kernel, dim3(nKV * G), dim3(SHORT_WARPS * WARP_SIZE), 0,
                    cu->stream, out, qkv, cu->attn_q_norm, cu->attn_k_norm, k_cache, v_cache,
                    (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, G,
-                   cu->attn_short, hd,
-                   c->rotary_dim, max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * G));
+                   cu->attn_short, hd, c->rotary_dim, max_ctx, scale, c->rms_norm_eps, cu->attn_cnt,
+                   cu->attn_target, cuda_ktrace_slot(cu, 1, nKV * G));
         cu->n_launches++;
         if (cu->attn_mode == 0) return;
     }
@@ -777,6 +788,7 @@ extern "C" void cuda_attn_decode(struct cuda *cu, const struct config *c, int ma
     default: CHECK(!"unsupported GQA group size");
     }
     cu->attn_q_norm = cu->attn_k_norm = NULL;
+    cu->attn_cnt = NULL;
 }
 
 template <int G>

@@ -497,13 +497,52 @@ static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *
     cuda_prof_end(cu);
 }
 
-static void op_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
-                         const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
-                         uint16_t *v_cache, const int32_t *pos, int T) {
+/* The early-start counters (cuda_gemv_early) of the mixer layer whose state this is (its conv
+ * state or K cache; a pair per layer, in cu->early_cnt), or NULL when every slot is taken. */
+static int *early_slot(struct cuda *cu, const void *layer_state) {
+    for (int i = 0; i < CUDA_EARLY_SLOTS; i++) {
+        if (!cu->early_key[i]) cu->early_key[i] = layer_state;
+        if (cu->early_key[i] == layer_state) return cu->early_cnt + 2 * i;
+    }
+    return NULL;
+}
+
+/* Whether the decode qkv GEMV should start the short attention early (STRATA_ATTN_EARLY,
+ * default on): that kernel in this graph, hd / 2 a power of two, and the pairs other than the
+ * gates' (k, v, then q first) ending a round of the GEMV's grid before the last. */
+static int attn_early_pays(struct cuda *cu, const struct config *c) {
+    const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    if (!cu->attn_early || (cu->skip & 2) || cu->attn_short <= 0 || cu->attn_mode == 1) return 0;
+    if (hd % 4 || ((hd / 2) & (hd / 2 - 1))) return 0;
+    const long pairs = (long)nH * hd + (long)nKV * hd, early = (long)nKV * hd + (long)nH * hd / 2;
+    const long g = cuda_gemv_groups(cu, (int)(2 * pairs), c->hidden_size, 1);
+    return g > 0 && (early + g - 1) / g < (pairs + g - 1) / g;
+}
+
+static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *h,
+                         const uint16_t *in_norm, const uint16_t *W_in, const uint16_t *q_norm,
+                         const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
+                         const int32_t *pos, int T) {
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
     CHECK(T >= 1 && T <= be->max_T);
+    const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    const int N_in = 2 * nH * hd + 2 * nKV * hd;
+    int *cnt = NULL, target = 0;
+    if (W_in && T == 1 && attn_early_pays(cu, c) && (cnt = early_slot(cu, k_cache))) {
+        /* pairs in the order k, v, each head's q, each head's gate; the short kernel starts
+         * once all but the gates are written */
+        struct cuda_early e = {};
+        int sh = 0;
+        while ((1 << sh) < hd / 2) sh++;
+        e.hp_log2 = sh, e.nh = nH, e.kvp = nKV * hd, e.early = nKV * hd + nH * hd / 2, e.cnt = cnt;
+        PROF("gemv (rmsnorm)", target = cuda_gemv_early(cu, qkv, h, in_norm, W_in, N_in,
+                                                        c->hidden_size, c->rms_norm_eps, &e));
+    } else if (W_in) {
+        op_matmul(be, qkv, h, in_norm, W_in, T, N_in, c->hidden_size, 0);
+    }
     if (T == 1 && (cu->skip & 2)) return;
+    cu->attn_cnt = cnt, cu->attn_target = target;
     cuda_prof_begin(cu, T == 1 ? "attention (decode)" : "attention (prefill)");
     cuda_attn_prep(cu, c, be->max_ctx, cu->attn_q, qkv, q_norm, k_norm, k_cache, v_cache, pos, T);
     if (T == 1)
@@ -513,15 +552,6 @@ static void op_attention(struct backend *be, uint16_t *out, const uint16_t *qkv,
     cuda_prof_end(cu);
 }
 
-/* The step counters of the DeltaNet layer whose conv state this is (a pair per layer, in
- * cu->gdn_cnt), or NULL when every slot is taken. */
-static int *gdn_slot(struct cuda *cu, const void *conv_state) {
-    for (int i = 0; i < CUDA_GDN_SLOTS; i++) {
-        if (!cu->gdn_slot_key[i]) cu->gdn_slot_key[i] = conv_state;
-        if (cu->gdn_slot_key[i] == conv_state) return cu->gdn_cnt + 2 * i;
-    }
-    return NULL;
-}
 
 /* Whether the decode in_proj should start the step early (STRATA_GDN_EARLY, default on): its
  * pairs other than z's (b, a, q, k, v first) must end a round of its grid before the last,
@@ -545,12 +575,13 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
     const int Hv = c->linear_num_value_heads;
     const int N_in = conv_dim + value_dim + 2 * Hv;
     int *cnt = NULL, target = 0;
-    if (W_in && T == 1 && early_pays(cu, c) && (cnt = gdn_slot(cu, conv_state))) {
+    if (W_in && T == 1 && early_pays(cu, c) && (cnt = early_slot(cu, conv_state))) {
         /* pairs in the order b, a, q, k, v, z; the step starts once all but z are written */
+        struct cuda_early e = {};
+        e.rot = (conv_dim + value_dim) / 2, e.early = Hv + conv_dim / 2, e.cnt = cnt;
+        e.sz = cu->gdn_sz, e.z0 = conv_dim, e.nz = value_dim;
         PROF("gemv (rmsnorm)", target = cuda_gemv_early(cu, proj, h, in_norm, W_in, N_in, H,
-                                                        c->rms_norm_eps, (conv_dim + value_dim) / 2,
-                                                        Hv + conv_dim / 2, cnt, cu->gdn_sz,
-                                                        conv_dim, value_dim));
+                                                        c->rms_norm_eps, &e));
     } else if (W_in) {
         cnt = NULL;
         op_matmul(be, proj, h, in_norm, W_in, T, N_in, H, 0);
@@ -586,7 +617,7 @@ static void op_destroy(struct backend *be) {
     gpu_stream_sync(cu->stream);
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
-                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_sz, cu->gdn_cnt, cu->counters,
+                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_sz, cu->early_cnt, cu->counters,
                     cu->argmax_part, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
@@ -658,6 +689,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gemv_narrow = env_int("STRATA_GEMV_NARROW", 10, -1, CUDA_GEMV_SHAPES - 1);
     cu->gemv_narrow_mask = env_int("STRATA_GEMV_NARROW_MASK", 3, 0, 3);
     cu->gdn_early = env_int("STRATA_GDN_EARLY", 1, 0, 1);
+    cu->attn_early = env_int("STRATA_ATTN_EARLY", 1, 0, 1);
     cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
     cu->gemv_wide = cuda_gemv_wide_shape(H);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {
@@ -727,7 +759,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_bg = (float *)dev_alloc(cu, T * Hv * 2 * sizeof(float), "deltanet scratch");
     cu->gdn_o = (uint16_t *)dev_alloc(cu, T * Hv * dv * 2, "deltanet scratch");
     cu->gdn_sz = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
-    cu->gdn_cnt = (int *)dev_alloc(cu, 2 * CUDA_GDN_SLOTS * sizeof(int), "counters");
+    cu->early_cnt = (int *)dev_alloc(cu, 2 * CUDA_EARLY_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
     gpu_stream_sync(cu->stream);

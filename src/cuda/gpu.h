@@ -289,6 +289,7 @@ static __device__ __forceinline__ uint4 load_stream(const uint4 *p) { return __l
 static __device__ __forceinline__ float load_coherent(const float *p) { return __ldcg(p); }
 static __device__ __forceinline__ float4 load_coherent4(const float *p) { return __ldcg((const float4 *)p); }
 static __device__ __forceinline__ uint16_t load_coherent_u16(const uint16_t *p) { return __ldcg(p); }
+static __device__ __forceinline__ uint4 load_coherent_u4(const uint16_t *p) { return __ldcg((const uint4 *)p); }
 static __device__ __forceinline__ void fence_device(void) { __threadfence(); }
 /* Spins until *p >= target (a count other blocks raise with fence_device + atomicAdd), then
  * fences: what they wrote before counting is then visible to load_coherent reads. */

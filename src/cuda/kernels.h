@@ -28,17 +28,25 @@ struct cuda_graph_slot {
  * argument. */
 #define CUDA_TRACE_JOBS 256
 #define CUDA_TRACE_STRIDE (4 * 132 * 4) /* timestamps per job: 4 per block, <= 4 blocks per SM */
+/* A decode GEMV whose rows other kernels may start on before it ends (cuda_gemv_early): the
+ * order of its row pairs, which of them count, and where. */
+struct cuda_early {
+    int rot;       /* order: pair (p + rot) % pairs, or with hp_log2 > 0, an attention qkv's: */
+    int hp_log2;   /* k and v, then each head's q, then each head's gate (2^hp_log2 = hd / 2) */
+    int nh, kvp;   /* query heads; k and v pairs (nKV hd) */
+    int early;     /* each block counts once its pairs among the first `early` are written */
+    int *cnt;
+    float *sz;     /* or NULL: silu(z) (fp32) of rows z0 .. z0 + nz - 1, for the DeltaNet out_proj */
+    int z0, nz;
+};
+
 struct cuda_gemv_job {
     uint16_t *out;
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
     int nw_pre;                /* the RMSNorm weights loaded before the wait (STRATA_GEMV_NWPRE) */
-    int rot;                   /* the p-th row pair is pair (p + rot) % pairs (plain GEMVs) */
-    int early;                 /* with early_cnt: each block counts once its pairs < early are */
-    int *early_cnt;            /* written (cuda_gemv_early) */
-    float *esz;                /* with early_cnt: silu(z) of rows z0 .. z0 + nz - 1 (fp32) */
-    int z0, nz;
+    struct cuda_early early;   /* cuda_gemv_early's order and count (early.cnt NULL: none) */
     const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
     const float *gnorm_w;      /* its weights (dv,) */
     int gdv;                   /* its head size */
@@ -50,7 +58,7 @@ struct cuda_gemv_job {
  * entry, inputs ready (past the wait), prep done, main loop done, partial published (counter),
  * last block done; a stamp left 0 was not reached (a block with no work, or not the last). */
 #define CUDA_KTRACE_JOBS 64
-#define CUDA_GDN_SLOTS 64 /* DeltaNet layers with a step counter pair */
+#define CUDA_EARLY_SLOTS 128 /* mixer layers with a counter pair (cuda_gemv_early) */
 #define CUDA_KTRACE_BLOCKS 1024
 #define CUDA_KTRACE_STAMPS 6
 #define CUDA_KTRACE_STRIDE (CUDA_KTRACE_BLOCKS * CUDA_KTRACE_STAMPS)
@@ -117,16 +125,21 @@ struct cuda {
                            (op_graph_variant sets it for one step) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
                                                  cuda_attn_decode, which folds the prep in */
+    int *attn_cnt, attn_target; /* decode: the short kernel starts on the qkv GEMV's count
+                                   (cuda_gemv_early) instead of its end; NULL: not */
     uint16_t *gdn_y;   /* (max_T, conv_dim) conv + SiLU outputs */
     float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
     float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
     float *gdn_sz;     /* (Hv, dv) decode: silu(z), from the step or (early) the in_proj */
-    int *gdn_cnt;      /* (2 CUDA_GDN_SLOTS,) decode: per DeltaNet layer, the in_proj's count of
-                          blocks with their early pairs written and the step's of its blocks done */
-    const void *gdn_slot_key[CUDA_GDN_SLOTS]; /* the layer of each pair: its conv state */
+    int *early_cnt;    /* (2 CUDA_EARLY_SLOTS,) decode: per mixer layer, the count of the early
+                          GEMV's blocks with their early pairs written and the mixer's of its
+                          blocks done (cuda_gemv_early; both back at zero after each step) */
+    const void *early_key[CUDA_EARLY_SLOTS]; /* the layer of each pair: its conv state / K cache */
     int gdn_early;     /* STRATA_GDN_EARLY (default 1): the step starts once the in_proj's b, a,
                           q, k, v rows are written (0: after the whole in_proj) */
+    int attn_early;    /* STRATA_ATTN_EARLY (default 1): the short attention starts once the
+                          qkv GEMV's k, v, q rows are written (0: after the whole GEMV) */
     int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax,
                           [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
@@ -175,8 +188,7 @@ int cuda_gemv_regs(int shape, int *threads); /* registers per thread of its plai
 void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const float *sz,
                      const float *norm_w, int dv, const uint16_t *W, int N, int K, float eps);
 int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
-                    const uint16_t *W, int N, int K, float eps, int rot, int early, int *cnt,
-                    float *sz, int z0, int nz);
+                    const uint16_t *W, int N, int K, float eps, const struct cuda_early *e);
 long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);

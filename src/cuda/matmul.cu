@@ -60,10 +60,22 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     const int n_items = n_units * nc;                 /* the same for every thread of the block */
     unsigned long long *tr = job.trace && threadIdx.x == 0 ? job.trace + 4 * blockIdx.x : NULL;
     if (tr) tr[0] = gpu_time_ns();
-    const int rot = EARLY ? job.rot : 0;
     auto rows_of = [&](int p, int &r0, int &r1, bool &has1) { /* p < n_pairs */
-        const int q = p + rot;
-        gemv_rows<SWIGLU>(q < n_pairs ? q : q - n_pairs, N, r0, r1, has1);
+        int q = p;
+        if (EARLY) { /* cuda_early's order */
+            const struct cuda_early &e = job.early;
+            const int sh = e.hp_log2, qp = e.nh << sh;
+            if (sh == 0) {
+                q = p + e.rot;
+                if (q >= n_pairs) q -= n_pairs;
+            } else if (p < e.kvp) {
+                q = 2 * qp + p;
+            } else { /* head j >> sh's q (first qp) or gate pairs: 2 hp pairs a head */
+                const int j = p - e.kvp < qp ? p - e.kvp : p - e.kvp - qp;
+                q = ((j >> sh) << (sh + 1)) + (p - e.kvp < qp ? 0 : 1 << sh) + (j & ((1 << sh) - 1));
+            }
+        }
+        gemv_rows<SWIGLU>(q, N, r0, r1, has1);
     };
 
     uint4 A[D + 1][U], B[D + 1][U]; /* ring of in-flight items */
@@ -251,7 +263,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     float a0 = 0.0f, a1 = 0.0f;
     /* EARLY: the item after which every group of the block has written its early pairs (those
      * of rounds 0 .. (early - 1 - pb) / pstride); -1: none of its pairs is early */
-    const int t_sig = EARLY && pb < job.early ? ((job.early - 1 - pb) / pstride + 1) * nc - 1 : -1;
+    const int t_sig = EARLY && pb < job.early.early ? ((job.early.early - 1 - pb) / pstride + 1) * nc - 1 : -1;
     int p = pb + g, c = 0; /* the item being computed */
     for (int t0 = 0; t0 < n_items; t0 += D + 1) {
 #pragma unroll
@@ -307,10 +319,10 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                         out[r0] = f2bf(a0);
                         if (has1) out[r1] = f2bf(a1);
                     }
-                    if (EARLY)
+                    if (EARLY && job.early.sz)
                         for (int k = 0; k < 2; k++) { /* silu(z) of its z rows, for the out_proj */
-                            const int r = k ? r1 : r0, z = r - job.z0;
-                            if ((k == 0 || has1) && z >= 0 && z < job.nz) job.esz[z] = silu_f(bfr(k ? a1 : a0));
+                            const int r = k ? r1 : r0, z = r - job.early.z0;
+                            if ((k == 0 || has1) && z >= 0 && z < job.early.nz) job.early.sz[z] = silu_f(bfr(k ? a1 : a0));
                         }
                 }
                 a0 = a1 = 0.0f;
@@ -323,7 +335,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                 __syncthreads();
                 if (threadIdx.x == 0) {
                     fence_device();
-                    atomicAdd(job.early_cnt, 1);
+                    atomicAdd(job.early.cnt, 1);
                 }
             }
         }
@@ -492,7 +504,7 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
                                    : pairs <= ncap * (GEMV_THREADS / nw->tpr) ? 1 : 0;
         if (cu->gemv_narrow_mask & cls) sh = nw, cap = ncap;
     }
-    gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : job.early_cnt ? sh->early : sh->plain;
+    gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : job.early.cnt ? sh->early : sh->plain;
     if (tpr) *tpr = sh->tpr;
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
@@ -533,21 +545,20 @@ extern "C" void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *
     launch_gemv(cu, job, eps);
 }
 
-/* A plain GEMV whose row pairs run in the order rot, rot + 1, ... (mod the pairs), each block
- * counting *cnt up once its pairs among the first `early` of that order are written (after a
- * barrier, one thread: fence, then the count), and writing silu(z) (fp32) of rows z0 .. z0 +
- * nz - 1 to sz; returns the count all blocks reach. The DeltaNet in_proj puts b, a, q, k, v
- * first and z last, so the step can start while z streams (cuda_gdn_step). */
+/* A plain GEMV whose row pairs run in e's order, each block counting *e->cnt up once its pairs
+ * among the first e->early of that order are written (after a barrier, one thread: fence, then
+ * the count), and writing silu(z) of e's z rows; returns the count all blocks reach. The
+ * DeltaNet in_proj puts b, a, q, k, v first and z last, so the step can start while z streams
+ * (cuda_gdn_step); an attention qkv puts the gates last (cuda_attn_decode). */
 extern "C" int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x,
                                const uint16_t *norm_w, const uint16_t *W, int N, int K, float eps,
-                               int rot, int early, int *cnt, float *sz, int z0, int nz) {
+                               const struct cuda_early *e) {
     struct cuda_gemv_job job = {};
     job.out = out, job.x = x, job.norm_w = norm_w, job.W = W, job.N = N, job.K = K;
-    job.rot = rot, job.early = early, job.early_cnt = cnt;
-    job.esz = sz, job.z0 = z0, job.nz = nz;
+    job.early = *e;
     int tpr = 0;
     const long groups = launch_gemv(cu, job, eps, 0, &tpr), per_block = GEMV_THREADS / tpr;
-    const long blocks = groups / per_block, counting = (early + per_block - 1) / per_block;
+    const long blocks = groups / per_block, counting = (e->early + per_block - 1) / per_block;
     return (int)(counting < blocks ? counting : blocks);
 }
 
