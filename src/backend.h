@@ -25,6 +25,8 @@
 
 struct backend;
 
+#define BACKEND_POSTS 16 /* argmax choices posted to the host that a backend keeps */
+
 struct backend_ops {
     const char *name;
     void (*destroy)(struct backend *be);
@@ -94,8 +96,14 @@ struct backend_ops {
                 const float *A_log, const float *dt_bias, const float *norm_w, float *state,
                 const uint16_t *W_out, const int32_t *pos, int T);
 
-    /* *out = index of the largest of x[0..n) (lowest index on ties, as torch.argmax). */
-    void (*argmax)(struct backend *be, int32_t *out, const uint16_t *x, int n);
+    /* *out = index of the largest of x[0..n) (lowest index on ties, as torch.argmax). With pos
+     * (a decode step whose choice is fed to the next step on the device): then *pos += 1, and
+     * the choice is posted to the host as the backend's next post (numbered 1, 2, ... from its
+     * creation), so that the next step can be queued before the host has read this one. */
+    void (*argmax)(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos);
+    /* The choice of post number n, waiting for it but not for the work queued after it. The
+     * backend keeps the last BACKEND_POSTS posts: n must not be older. */
+    int32_t (*choice_wait)(struct backend *be, int64_t n);
 };
 
 struct backend {

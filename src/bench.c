@@ -1,6 +1,7 @@
 /* bench.c - `strata bench --model DIR`: llama-bench style measurements of one model on one
- * backend. Prefill pp512 (tokens/s), decode tg128 (tokens/s, each step = one graph replay plus
- * the 4-byte read of the chosen id), engine time-to-first-token for a 54-token prompt, decode
+ * backend. Prefill pp512 (tokens/s), decode tg128 (tokens/s, each step = one graph replay fed
+ * the previous step's greedy choice on the device, the host reading each choice meanwhile, as
+ * the server's greedy requests run; STRATA_DEVICE_CHOICE=0: read, then uploaded), engine time-to-first-token for a 54-token prompt, decode
  * speed in 50-token windows up to 350 tokens and at 8k and 32k tokens of context, weight bytes
  * read per decode token against the measured copy bandwidth, kernel launches per decode step and
  * per prefill, and the per-op time of one decode step. Random token ids (seeded): speed does not
@@ -62,14 +63,15 @@ static double time_prefill(struct model *m, int n, int reset, struct error *err)
     return rc == 0 ? t : -1;
 }
 
-/* n greedy decode steps from the current state; returns ms. */
+/* n greedy decode steps from the current state, as the server runs them (model_step_greedy:
+ * each step's choice fed to the next on the device, read by the host meanwhile); returns ms from
+ * the first step's start to the last one's choice on the host. */
 static double time_steps(struct model *m, int n) {
-    int32_t tok = model_argmax(m);
+    model_argmax(m);
     double t0 = now_ms();
-    for (int i = 0; i < n; i++) {
-        if (model_step(m, tok) != 0) return -1;
-        tok = model_argmax(m);
-    }
+    for (int i = 0; i < n; i++)
+        if (model_step_greedy(m) < 0) return -1;
+    model_argmax(m);
     return now_ms() - t0;
 }
 

@@ -3,8 +3,9 @@
  * incomplete UTF-8) and then a pending buffer that holds back any suffix that could still
  * become a stop string, so a stop string is never emitted even when it spans tokens.
  *
- * Greedy requests without penalties take the token from model_argmax (on the backend: only
- * 4 bytes cross to the host); everything else downloads the logits and runs the sampler.
+ * Greedy requests without penalties take the token from the backend's argmax (only 4 bytes
+ * cross to the host; running ahead, model_step_greedy feeds it to the next step on the device
+ * before the host reads it); everything else downloads the logits and runs the sampler.
  * Timings follow llama-server (server-context.cpp): prompt_ms covers prefill up to the first
  * token, predicted_ms the rest, predicted_n counts every generated token. */
 #include "engine.h"
@@ -201,9 +202,19 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
     int n_gen = 0;
     enum engine_finish finish = ENGINE_FINISH_LENGTH;
     for (;;) {
+        /* the token chosen now is the last: max_tokens, or no position left to feed it */
+        const int last = (r->max_tokens > 0 && n_gen + 1 >= r->max_tokens) || model_pos(e->m) >= ctx;
         int32_t id;
+        int fed = 0;
         if (n_gen < r->n_forced) {
             id = r->forced[n_gen];
+        } else if (greedy_plain && e->run_ahead && n_gen > 0 && !last) {
+            /* run ahead on the device: the choice is fed to the next step there, before the
+             * host reads it (model_step_greedy) */
+            id = model_step_greedy(e->m);
+            CHECK(id >= 0);
+            e->hist[e->n_hist++] = id;
+            fed = 1;
         } else if (greedy_plain) {
             id = model_argmax(e->m);
         } else {
@@ -221,14 +232,14 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             res->stop_token = id;
             break;
         }
-        /* the last token: max_tokens, or no position left to feed it */
-        const int last = (r->max_tokens > 0 && n_gen >= r->max_tokens) || model_pos(e->m) >= ctx;
         /* run ahead: on a device backend, the step that feeds this token is queued now and runs
          * while the host detokenises, scans for stop strings and writes to the client. If those
          * then end the request, the state has taken the token too; hist says so, and a later
          * prompt is reused only if it starts with it. The first token is sent first (TTFT). */
-        const int fed = e->run_ahead && n_gen > 1 && !last;
-        if (fed && feed(e, id) != 0) break;
+        if (!fed && e->run_ahead && n_gen > 1 && !last) {
+            if (feed(e, id) != 0) break;
+            fed = 1;
+        }
 
         /* text: detokenizer -> pending -> stop scan -> release */
         size_t release = 0;

@@ -52,11 +52,16 @@ struct model {
     uint16_t *logits; /* (LOGITS_ROWS, V) */
     int32_t *ids;     /* (max_T,): pos_dev + 1, inside its allocation */
     int32_t *pos_dev; /* (1 + max_T,): the position of the first token of the call, then ids */
-    int32_t *argmax;  /* (1,) */
     size_t weight_bytes;
     int64_t n_params;
     int n_skipped;
-    int argmax_valid;
+    /* The greedy choice of the current logits lies in ids[0], where a step's argmax writes it so
+     * that the next step can take it as its token without the host: */
+    int argmax_valid; /* ids[0] holds it */
+    int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
+                         argmax also advanced pos_dev[0] to pos */
+    int64_t n_posts;  /* steps run: each posts its choice */
+    int device_choice; /* model_step_greedy keeps the choice on the device (STRATA_DEVICE_CHOICE) */
     const char *prefix;
 };
 
@@ -352,10 +357,10 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     m->mix = be->ops->alloc(be, T * mix_out * 2);
     m->mlp = be->ops->alloc(be, T * c->intermediate_size * 2);
     m->logits = be->ops->alloc(be, (size_t)LOGITS_ROWS * V * 2);
-    /* the position, then the ids: a decode step uploads both in one copy */
+    /* the position, then the ids: a call uploads both in one copy */
     m->pos_dev = be->ops->alloc(be, (size_t)(T + 1) * sizeof(int32_t));
     m->ids = m->pos_dev + 1;
-    m->argmax = be->ops->alloc(be, sizeof(int32_t));
+    m->device_choice = env_int("STRATA_DEVICE_CHOICE", 1, 0, 1);
     free(ld.seen);
     safetensors_close(&m->st); /* every weight is on the backend now */
     memset(&m->st, 0, sizeof m->st);
@@ -374,7 +379,7 @@ void model_free(struct model *m) {
         /* every buffer was allocated on this backend; destroying it releases them all only on
          * backends that track allocations, so free them one by one */
         void *bufs[] = {m->embed_tokens, m->norm, m->h, m->proj, m->mix, m->mlp,
-                        m->logits, m->pos_dev, m->argmax}; /* ids: inside pos_dev's */
+                        m->logits, m->pos_dev}; /* ids: inside pos_dev's */
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) be->ops->free(be, bufs[i]);
         if (m->lm_head && m->lm_head != m->embed_tokens) be->ops->free(be, m->lm_head);
@@ -414,7 +419,7 @@ void model_reset(struct model *m) {
                                         c->linear_value_head_dim * sizeof(float));
     }
     m->pos = 0;
-    m->argmax_valid = 0;
+    m->argmax_valid = m->posted = 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -472,11 +477,12 @@ int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
             return error_set(err, "token id %d at prompt position %d is outside the vocabulary "
                                   "(%d)", ids[i], i, c->vocab_size);
     uint16_t *tmp = all_logits ? xmalloc((size_t)LOGITS_ROWS * c->vocab_size * 2) : NULL;
+    int32_t *pos_ids = xmalloc((size_t)(m->max_T + 1) * sizeof *pos_ids);
     for (int done = 0; done < n;) {
         int T = n - done < m->max_T ? n - done : m->max_T;
-        int32_t pos = m->pos;
-        be->ops->upload(be, m->ids, ids + done, (size_t)T * sizeof(int32_t));
-        be->ops->upload(be, m->pos_dev, &pos, sizeof pos);
+        pos_ids[0] = m->pos; /* pos_dev[0], then ids: one copy */
+        memcpy(pos_ids + 1, ids + done, (size_t)T * sizeof *pos_ids);
+        be->ops->upload(be, m->pos_dev, pos_ids, (size_t)(T + 1) * sizeof *pos_ids);
         forward(m, T);
         if (all_logits) {
             for (int r = 0; r < T; r += LOGITS_ROWS) {
@@ -492,39 +498,60 @@ int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
         if (done == n) logits_rows(m, T - 1, 1);
     }
     free(tmp);
-    m->argmax_valid = 0;
+    free(pos_ids);
+    m->argmax_valid = m->posted = 0;
     return 0;
 }
 
-int model_step(struct model *m, int32_t token) {
+/* One decode step on the token in ids[0] at the position in pos_dev[0] (== m->pos): the graph
+ * ends with the argmax that writes the choice to ids[0], advances pos_dev[0] and posts it. */
+static void step(struct model *m) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
-    if (m->pos >= m->ctx) return -1;
-    CHECK(token >= 0 && token < c->vocab_size);
-    int32_t pos = m->pos;
-    const int32_t pos_token[2] = {pos, token}; /* pos_dev[0], ids[0]: one copy */
-    be->ops->upload(be, m->pos_dev, pos_token, sizeof pos_token);
-    const int key = be->ops->graph_variant && be->ops->graph_variant(be, pos) ? GRAPH_STEP_LONG : GRAPH_STEP;
+    const int key = be->ops->graph_variant && be->ops->graph_variant(be, m->pos) ? GRAPH_STEP_LONG : GRAPH_STEP;
     if (!be->ops->graph_replay(be, key)) {
         be->ops->graph_begin(be, key);
         forward(m, 1);
         logits_rows(m, 0, 1);
-        be->ops->argmax(be, m->argmax, m->logits, c->vocab_size);
+        be->ops->argmax(be, m->ids, m->logits, c->vocab_size, m->pos_dev);
         be->ops->graph_end(be, key);
     }
     m->pos++;
-    m->argmax_valid = 1;
+    m->n_posts++;
+    m->argmax_valid = m->posted = 1;
+}
+
+int model_step(struct model *m, int32_t token) {
+    if (m->pos >= m->ctx) return -1;
+    CHECK(token >= 0 && token < m->config.vocab_size);
+    const int32_t pos_token[2] = {m->pos, token}; /* pos_dev[0], ids[0]: one copy */
+    m->be->ops->upload(m->be, m->pos_dev, pos_token, sizeof pos_token);
+    step(m);
     return 0;
+}
+
+int32_t model_step_greedy(struct model *m) {
+    struct backend *be = m->be;
+    if (m->pos >= m->ctx) return -1;
+    if (!m->device_choice || !m->posted) { /* the host reads the choice first */
+        int32_t id = model_argmax(m);
+        return model_step(m, id) == 0 ? id : -1;
+    }
+    const int64_t post = m->n_posts; /* the last step's choice: in ids[0], its position too */
+    step(m);
+    int32_t id = be->ops->choice_wait(be, post);
+    CHECK(id >= 0 && id < m->config.vocab_size);
+    return id;
 }
 
 int32_t model_argmax(struct model *m) {
     struct backend *be = m->be;
     if (!m->argmax_valid) {
-        be->ops->argmax(be, m->argmax, m->logits, m->config.vocab_size);
+        be->ops->argmax(be, m->ids, m->logits, m->config.vocab_size, NULL);
         m->argmax_valid = 1;
     }
     int32_t id;
-    be->ops->download(be, &id, m->argmax, sizeof id);
+    be->ops->download(be, &id, m->ids, sizeof id);
     return id;
 }
 

@@ -508,21 +508,31 @@ static void check_embed_argmax(struct pair *p, const struct config *c, const cha
     EXPECT(memcmp(res[0], res[1], (size_t)T * H * 2) == 0, "%s differs", what);
     free(res[0]), free(res[1]);
 
-    /* argmax: random logits, then a planted tie at two indices (lowest must win) */
+    /* argmax: random logits, then a planted tie at two indices (lowest must win); trials 1 and
+     * 2 as a decode step's (the position advanced, the choice posted as posts 1 and 2) */
     uint16_t *x = rand_bf16((size_t)V, 8.0f);
     for (int trial = 0; trial < 3; trial++) {
         if (trial == 1) x[200001] = x[77777] = f32_to_bf16(100.0f);
         if (trial == 2) x[5] = f32_to_bf16(100.0f), x[V - 1] = f32_to_bf16(100.0f);
-        int32_t got[2];
+        int32_t got[2], posted[2] = {-1, -1}, pos[2] = {-1, -1};
         for (int b = 0; b < 2; b++) {
             struct backend *be = bes[b];
             void *dx = up(be, x, (size_t)V * 2);
-            int32_t *dout = be->ops->alloc(be, 4);
-            be->ops->argmax(be, dout, dx, V);
+            int32_t *dout = be->ops->alloc(be, 4), *dpos = NULL;
+            if (trial > 0) dpos = up(be, &(int32_t){40 + trial}, 4);
+            be->ops->argmax(be, dout, dx, V, dpos);
+            if (dpos) posted[b] = be->ops->choice_wait(be, trial);
             be->ops->download(be, &got[b], dout, 4);
+            if (dpos) be->ops->download(be, &pos[b], dpos, 4), be->ops->free(be, dpos);
             be->ops->free(be, dx), be->ops->free(be, dout);
         }
         EXPECT(got[0] == got[1], "%s argmax trial %d: cuda %d cpu %d", tag, trial, got[1], got[0]);
+        if (trial > 0)
+            EXPECT(posted[0] == got[0] && posted[1] == got[1] && pos[0] == 41 + trial &&
+                       pos[1] == 41 + trial,
+                   "%s argmax trial %d as a step's: posted cuda %d cpu %d (chose %d), position "
+                   "cuda %d cpu %d (want %d)", tag, trial, posted[1], posted[0], got[0], pos[1],
+                   pos[0], 41 + trial);
     }
     free(x);
 }

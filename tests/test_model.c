@@ -179,6 +179,23 @@ static void test_fixture(const char *name) {
                 tok = model_argmax(m);
             }
         }
+        /* 2b. the same through model_step_greedy (each choice fed on the backend), after a
+         * prefill and after a step with a host token */
+        for (int from_step = 0; from_step < 2; from_step++) {
+            int32_t out2[N_GREEDY];
+            model_reset(m);
+            if (from_step) {
+                model_prefill(m, ids, T - 1, NULL, &err);
+                model_step(m, ids[T - 1]);
+            } else {
+                model_prefill(m, ids, T, NULL, &err);
+            }
+            for (int g = 0; g < N_GREEDY; g++)
+                out2[g] = g + 1 < N_GREEDY ? model_step_greedy(m) : model_argmax(m);
+            EXPECT(memcmp(out, out2, sizeof out) == 0 && model_pos(m) == T + N_GREEDY - 1,
+                   "%s case %d: model_step_greedy (%s) differs from argmax + step", name, ci,
+                   from_step ? "after a step" : "after a prefill");
+        }
         int same = 0;
         while (same < N_GREEDY && out[same] == ((const int32_t *)greedy->data)[same]) same++;
         printf("  case %d: greedy matches transformers for %d of %d tokens\n", ci, same, N_GREEDY);

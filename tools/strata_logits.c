@@ -79,9 +79,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "strata_logits: %s\n", err.msg);
             rc = 1;
         } else {
+            /* as the server's greedy requests: each token fed on the device, read after */
             for (int i = 0; i < N; i++) {
-                gen[i] = model_argmax(m);
-                if (i + 1 < N && model_step(m, gen[i]) != 0) {
+                gen[i] = i + 1 < N ? model_step_greedy(m) : model_argmax(m);
+                if (gen[i] < 0) {
                     fprintf(stderr, "strata_logits: context full\n");
                     rc = 1;
                     break;

@@ -22,6 +22,8 @@
 struct cpu {
     struct pool *pool;
     float *inv_freq; /* (rotary_dim / 2,) RoPE frequencies, fp32 as torch computes them */
+    int64_t n_posts;               /* argmax choices posted so far */
+    int32_t posts[BACKEND_POSTS]; /* post n at n % BACKEND_POSTS */
 };
 
 static struct cpu *cpu_of(struct backend *be) { return be->impl; }
@@ -415,8 +417,7 @@ static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint1
     free(out);
 }
 
-static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n) {
-    (void)be;
+static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos) {
     int best = 0;
     float bv = bf16_to_f32(x[0]);
     for (int i = 1; i < n; i++) {
@@ -424,6 +425,17 @@ static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int 
         if (v > bv) bv = v, best = i;
     }
     *out = best;
+    if (pos) {
+        struct cpu *cpu = cpu_of(be);
+        ++*pos;
+        cpu->posts[++cpu->n_posts % BACKEND_POSTS] = best;
+    }
+}
+
+static int32_t cpu_choice_wait(struct backend *be, int64_t n) {
+    struct cpu *cpu = cpu_of(be);
+    CHECK(n >= 1 && n <= cpu->n_posts && n > cpu->n_posts - BACKEND_POSTS);
+    return cpu->posts[n % BACKEND_POSTS];
 }
 
 static void cpu_destroy(struct backend *be) {
@@ -451,6 +463,7 @@ static const struct backend_ops cpu_ops = {
     .attention = cpu_attention,
     .gdn = cpu_gdn,
     .argmax = cpu_argmax,
+    .choice_wait = cpu_choice_wait,
 };
 
 struct backend *backend_cpu_create(const struct config *c, int max_ctx, int max_T, int n_threads) {

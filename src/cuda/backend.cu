@@ -607,9 +607,27 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
     op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is (no norm) */
 }
 
-static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n) {
+static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos) {
     struct cuda *cu = cuda_of(be);
-    PROF("argmax", cuda_argmax(cu, out, x, n));
+    PROF("argmax", cuda_argmax(cu, out, x, n, pos));
+}
+
+/* Spins on the mailbox slot of post n (the host's own memory, written by the argmax kernel);
+ * now and then asks whether the stream is done, so a device error aborts instead of hanging. */
+static int32_t op_choice_wait(struct backend *be, int64_t n) {
+    struct cuda *cu = cuda_of(be);
+    CHECK(!cu->capturing && n >= 1);
+    const unsigned long long *slot = cu->mail + n % BACKEND_POSTS;
+    const unsigned long long tag = (unsigned long long)(unsigned)n << 32;
+    for (unsigned spin = 1;; spin++) {
+        unsigned long long v = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+        if ((v & ~0xffffffffull) == tag) return (int32_t)(unsigned)v;
+        if (spin % 1024 == 0 && gpu_stream_done(cu->stream)) {
+            v = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+            CHECK((v & ~0xffffffffull) == tag); /* the stream ran without posting n: a bug */
+            return (int32_t)(unsigned)v;
+        }
+    }
 }
 
 static void op_destroy(struct backend *be) {
@@ -618,12 +636,13 @@ static void op_destroy(struct backend *be) {
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
                     cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_sz, cu->early_cnt, cu->counters,
-                    cu->argmax_part, cu->blas_ws, cu->trace, cu->ktrace};
+                    cu->argmax_part, cu->n_posts, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
     for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_destroy(cu->prof.ev[i]);
     gpu_blas_destroy(cu->blas);
     gpu_host_free(cu->stage);
+    gpu_host_free(cu->mail);
     gpu_stream_destroy(cu->stream);
     free(cu);
     free(be);
@@ -649,6 +668,7 @@ static const struct backend_ops cuda_ops = {
     op_attention,
     op_gdn,
     op_argmax,
+    op_choice_wait,
 };
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -762,6 +782,11 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->early_cnt = (int *)dev_alloc(cu, 2 * CUDA_EARLY_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
+    cu->n_posts = (unsigned *)dev_alloc(cu, sizeof(unsigned), "argmax posts");
+    void *mail_dev = NULL;
+    cu->mail = (unsigned long long *)gpu_host_alloc_mapped(BACKEND_POSTS * sizeof *cu->mail, &mail_dev);
+    cu->mail_dev = (unsigned long long *)mail_dev;
+    memset(cu->mail, 0, BACKEND_POSTS * sizeof *cu->mail);
     gpu_stream_sync(cu->stream);
     return be;
 }

@@ -95,12 +95,26 @@ static inline void *gpu_host_alloc(size_t bytes) {
     GPU_CHECK(cudaMallocHost(&p, bytes));
     return p;
 }
+/* Pinned host memory the device writes to directly; *dev: its address in kernels. */
+static inline void *gpu_host_alloc_mapped(size_t bytes, void **dev) {
+    void *p = NULL;
+    GPU_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped));
+    GPU_CHECK(cudaHostGetDevicePointer(dev, p, 0));
+    return p;
+}
 static inline void gpu_host_free(void *p) { GPU_CHECK(cudaFreeHost(p)); }
 static inline void gpu_stream_create(gpu_stream *s) {
     GPU_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
 }
 static inline void gpu_stream_destroy(gpu_stream s) { GPU_CHECK(cudaStreamDestroy(s)); }
 static inline void gpu_stream_sync(gpu_stream s) { GPU_CHECK(cudaStreamSynchronize(s)); }
+/* 1 when everything queued on s has run, 0 while not; a device error aborts as GPU_CHECK. */
+static inline int gpu_stream_done(gpu_stream s) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaErrorNotReady) return 0;
+    GPU_CHECK(e);
+    return 1;
+}
 static inline void gpu_memcpy_h2d(void *dst, const void *src, size_t n, gpu_stream s) {
     GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
 }

@@ -144,6 +144,9 @@ struct cuda {
                           [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
     float *argmax_part; /* (CUDA_ARGMAX_BLOCKS, 2) value, index */
+    unsigned *n_posts;  /* (1,) argmax choices posted so far (device) */
+    unsigned long long *mail, *mail_dev; /* (BACKEND_POSTS,) pinned, mapped: post n at n %
+                                            BACKEND_POSTS as n << 32 | choice */
 };
 
 static inline struct cuda *cuda_of(struct backend *be) { return (struct cuda *)be->impl; }
@@ -173,7 +176,7 @@ void cuda_prof_end(struct cuda *cu);
 /* misc.cu */
 void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table, const int32_t *ids, int T,
                 int H, int V);
-void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n);
+void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int32_t *pos);
 void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
                   int K, float eps);
 

@@ -42,7 +42,9 @@ static __global__ void rmsnorm_kernel(uint16_t *out, const uint16_t *x, const ui
 }
 
 /* Argmax over n bf16 values, lowest index on ties. Each block reduces a slice to (value, index);
- * the last block to finish reduces the block results and re-arms the counter. Bytes: 2 n. */
+ * the last block to finish reduces the block results and re-arms the counter. Bytes: 2 n. With
+ * pos, that block also advances *pos and posts the choice to the host's mailbox (mapped pinned
+ * memory: one 8-byte store, post number and choice together). */
 static __device__ __forceinline__ void better(float &v, int &i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) {
         v = v2;
@@ -50,7 +52,8 @@ static __device__ __forceinline__ void better(float &v, int &i, float v2, int i2
     }
 }
 static __global__ void argmax_kernel(int32_t *out, const uint16_t *x, int n, float *part,
-                                     int *counter) {
+                                     int *counter, int32_t *pos, unsigned *n_posts,
+                                     unsigned long long *mail) {
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ int last;
@@ -110,8 +113,16 @@ static __global__ void argmax_kernel(int32_t *out, const uint16_t *x, int n, flo
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x / WARP_SIZE); w++) better(bv, bi, sv[w], si[w]);
-        *out = bi == 0x7fffffff ? 0 : bi; /* all NaN: 0 */
+        const int choice = bi == 0x7fffffff ? 0 : bi; /* all NaN: 0 */
+        *out = choice;
         *counter = 0;
+        if (pos) {
+            *pos += 1;
+            const unsigned post = *n_posts + 1;
+            *n_posts = post;
+            *(volatile unsigned long long *)(mail + post % BACKEND_POSTS) =
+                (unsigned long long)post << 32 | (unsigned)choice;
+        }
     }
 }
 
@@ -129,11 +140,11 @@ extern "C" void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, 
     cu->n_launches++;
 }
 
-extern "C" void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n) {
+extern "C" void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int32_t *pos) {
     int blocks = (n + 2047) / 2048;
     if (blocks > CUDA_ARGMAX_BLOCKS) blocks = CUDA_ARGMAX_BLOCKS;
     if (blocks < 1) blocks = 1;
     gpu_launch(cu->pdl, argmax_kernel, dim3(blocks), dim3(256), 0, cu->stream, out, x, n,
-               cu->argmax_part, cu->counters + 0);
+               cu->argmax_part, cu->counters + 0, pos, cu->n_posts, cu->mail_dev);
     cu->n_launches++;
 }
