@@ -507,16 +507,27 @@ static int *early_slot(struct cuda *cu, const void *layer_state) {
     return NULL;
 }
 
+/* Whether a decode input projection of `pairs` row pairs (K wide, normed) that writes the
+ * mixer's inputs in its first `early` pairs pays for starting the mixer on a count: those pairs
+ * must end a round of the GEMV's grid before the last, and the GEMV must have 3 rounds or more.
+ * 0.8B's in_proj (2 rounds, both holding early pairs) lost 4.5% with it (run 73), its qkv (2
+ * rounds, the early pairs in the first) 1.7% (run 78); 4B's (3 rounds) gain. */
+static int early_rounds_pay(struct cuda *cu, long pairs, long early, int K) {
+    const long g = cuda_gemv_groups(cu, (int)(2 * pairs), K, 1);
+    if (g <= 0) return 0;
+    const long rounds = (pairs + g - 1) / g;
+    return rounds >= 3 && (early + g - 1) / g < rounds;
+}
+
 /* Whether the decode qkv GEMV should start the short attention early (STRATA_ATTN_EARLY,
  * default on): that kernel in this graph, hd / 2 a power of two, and the pairs other than the
- * gates' (k, v, then q first) ending a round of the GEMV's grid before the last. */
+ * gates' (k, v, then q first) early enough (early_rounds_pay). */
 static int attn_early_pays(struct cuda *cu, const struct config *c) {
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     if (!cu->attn_early || (cu->skip & 2) || cu->attn_short <= 0 || cu->attn_mode == 1) return 0;
     if (hd % 4 || ((hd / 2) & (hd / 2 - 1))) return 0;
     const long pairs = (long)nH * hd + (long)nKV * hd, early = (long)nKV * hd + (long)nH * hd / 2;
-    const long g = cuda_gemv_groups(cu, (int)(2 * pairs), c->hidden_size, 1);
-    return g > 0 && (early + g - 1) / g < (pairs + g - 1) / g;
+    return early_rounds_pay(cu, pairs, early, c->hidden_size);
 }
 
 static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *h,
@@ -554,14 +565,12 @@ static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const
 
 
 /* Whether the decode in_proj should start the step early (STRATA_GDN_EARLY, default on): its
- * pairs other than z's (b, a, q, k, v first) must end a round of its grid before the last,
- * else the step would start no sooner (0.8B: 2 rounds, run 73 lost 4.5% with it). */
+ * pairs other than z's (b, a, q, k, v first) early enough (early_rounds_pay). */
 static int early_pays(struct cuda *cu, const struct config *c) {
     const int conv_dim = c->conv_dim, value_dim = c->value_dim, Hv = c->linear_num_value_heads;
     if (!cu->gdn_early || (cu->skip & 1) || conv_dim % 2 || value_dim % 2) return 0;
     const long pairs = (conv_dim + value_dim + 2L * Hv) / 2, early = Hv + conv_dim / 2;
-    const long g = cuda_gemv_groups(cu, (int)(2 * pairs), c->hidden_size, 1);
-    return g > 0 && (early + g - 1) / g < (pairs + g - 1) / g;
+    return early_rounds_pay(cu, pairs, early, c->hidden_size);
 }
 
 static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
