@@ -509,14 +509,14 @@ static int *early_slot(struct cuda *cu, const void *layer_state) {
 
 /* Whether a decode input projection of `pairs` row pairs (K wide, normed) that writes the
  * mixer's inputs in its first `early` pairs pays for starting the mixer on a count: those pairs
- * must end a round of the GEMV's grid before the last, and the GEMV must have 3 rounds or more.
- * 0.8B's in_proj (2 rounds, both holding early pairs) lost 4.5% with it (run 73), its qkv (2
- * rounds, the early pairs in the first) 1.7% (run 78); 4B's (3 rounds) gain. */
+ * must end a round of the GEMV's grid before the last, and the rows after them must stream for
+ * longer than the mixer's own work (~3-5 us): 16 MiB or more. Measured: 4B (21 MiB after the
+ * mixer's rows, in_proj and qkv alike) +0.8%, 9B (33 MiB) +0.2% (run 78); 2B (8.4 MiB) -0.5%
+ * (runs 81-82); 0.8B (4.2 MiB) -1.7% (run 78, the attention's) and -4.5% (run 73, the step's). */
 static int early_rounds_pay(struct cuda *cu, long pairs, long early, int K) {
     const long g = cuda_gemv_groups(cu, (int)(2 * pairs), K, 1);
-    if (g <= 0) return 0;
-    const long rounds = (pairs + g - 1) / g;
-    return rounds >= 3 && (early + g - 1) / g < rounds;
+    if (g <= 0 || (pairs - early) * 2 * K * 2 < (16l << 20)) return 0;
+    return (early + g - 1) / g < (pairs + g - 1) / g;
 }
 
 /* Whether the decode qkv GEMV should start the short attention early (STRATA_ATTN_EARLY,
