@@ -201,28 +201,31 @@ int cmd_run(int argc, char **argv) {
         free(ids);
         return 1;
     }
-    int32_t tok = model_argmax(m);
-    double t1 = now_ms();
     const struct config *c = model_config(m);
     const char *finish = "length";
-    printf("%d", tok);
-    fflush(stdout);
-    int n_done = 1;
+    double t1 = t0;
+    int n_done = 0;
     while (n_done < n_gen) {
+        /* on a device every token but the last is fed to the next step as it is read
+         * (model_step_greedy: that step is queued before the host reads the token) */
+        const int last = n_done + 1 == n_gen || model_pos(m) >= model_ctx(m);
+        const int ahead = !last && model_async(m);
+        const int32_t tok = ahead ? model_step_greedy(m) : model_argmax(m);
+        if (n_done == 0) t1 = now_ms(); /* prefill + the first choice read */
+        printf(n_done ? " %d" : "%d", tok);
+        fflush(stdout);
+        n_done++;
         int is_eos = 0;
         for (int e = 0; e < c->n_eos_token_id; e++) is_eos |= tok == c->eos_token_id[e];
         if (is_eos) {
             finish = "stop";
             break;
         }
-        if (model_step(m, tok) < 0) {
-            finish = "length (context full)";
+        if (last) {
+            if (n_done < n_gen) finish = "length (context full)";
             break;
         }
-        tok = model_argmax(m);
-        printf(" %d", tok);
-        fflush(stdout);
-        n_done++;
+        if (!ahead) CHECK(model_step(m, tok) == 0);
     }
     double t2 = now_ms();
     printf("\n");
