@@ -572,7 +572,7 @@ static void check_size(const char *size) {
     /* every GEMV shape (threads per row, loads per item, pipeline depth) on the decode shapes,
      * whichever the launcher would pick */
     for (int shape = 0; shape < CUDA_GEMV_SHAPES; shape++) {
-        char v[8], t[32];
+        char v[12], t[32];
         snprintf(v, sizeof v, "%d", shape);
         setenv("STRATA_GEMV_SHAPE", v, 1);
         struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
