@@ -385,7 +385,11 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
         free(res[0][s]), free(res[1][s]);
     }
     snprintf(what, sizeof what, "%s k cache after pos=%d T=%d", tag, pos0, T);
-    EXPECT(close_bf16(what, kres[1], kres[0], ncache), "%s", what);
+    /* a normed k value one bf16 ulp apart (its sum of squares in another order) enters RoPE's
+     * two rounded products; where they nearly cancel, the key moves by an ulp of the products,
+     * several of its own (seen: 0.539 for 0.555 in a 0.8B prefill at an RMS of ~1), so the
+     * absolute term is 2^-5 of the RMS: a wrong position, rotation or head is still off by ~1 */
+    EXPECT(close_bf16_tol3(what, kres[1], kres[0], ncache, 1.0 / 64, 1.0 / 32, 5e-3), "%s", what);
     snprintf(what, sizeof what, "%s v cache after pos=%d T=%d", tag, pos0, T);
     EXPECT(close_bf16(what, vres[1], vres[0], ncache), "%s", what);
     free(qkv), free(qn), free(kn), free(kc), free(vc);
