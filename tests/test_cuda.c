@@ -595,6 +595,26 @@ static void check_size(const char *size) {
     check_embed_argmax(&p, &c, size, table);
     free(table);
     check_matmul(&p, size, 1, c.vocab_size, H, 1, 0); /* lm_head */
+    /* the dynamic tail (launch_gemv; the default, R = 4 from 8 rounds, ran the lm_head above):
+     * R = 2 and 1 from any GEMV of R + 2 rounds (4B's in_proj and qkv at R = 1), twice on one
+     * backend, so a counter not put back to zero shows as rows left poisoned */
+    for (int v = 0; v < 2; v++) {
+        setenv("STRATA_GEMV_TAIL", v == 0 ? "2" : "1", 1);
+        setenv("STRATA_GEMV_TAIL_MIN", "1", 1);
+        struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
+        unsetenv("STRATA_GEMV_TAIL");
+        unsetenv("STRATA_GEMV_TAIL_MIN");
+        CHECK(q.gpu);
+        char t[48];
+        snprintf(t, sizeof t, "%s tail %d", size, v == 0 ? 2 : 1);
+        for (int r = 0; r < 2; r++) {
+            check_matmul(&q, t, 1, c.vocab_size, H, 1, 0);
+            check_matmul(&q, t, 1, gdn_rows, H, 1, 0);
+            check_matmul(&q, t, 1, attn_rows, H, 0, 0);
+            check_matmul(&q, t, 1, 3 * 1001, H, 0, 0);
+        }
+        q.gpu->ops->destroy(q.gpu);
+    }
     if (!strcmp(size, "0.8B")) check_matmul(&p, size, 16, c.vocab_size, H, 1, 0);
 
     check_attention(&p, &c, size, max_ctx, 0, 1, 0);

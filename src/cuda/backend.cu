@@ -720,6 +720,8 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_early = env_int("STRATA_GDN_EARLY", 1, 0, 1);
     cu->attn_early = env_int("STRATA_ATTN_EARLY", 1, 0, 1);
     cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
+    cu->gemv_tail = env_int("STRATA_GEMV_TAIL", 4, 0, 64);
+    cu->gemv_tail_min = env_int("STRATA_GEMV_TAIL_MIN", 8, 1, 1 << 20);
     cu->gemv_wide = cuda_gemv_wide_shape(H);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {
         cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,

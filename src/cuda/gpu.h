@@ -243,6 +243,9 @@ static __device__ __forceinline__ int shfl_xor_int(int v, int o) {
 static __device__ __forceinline__ float shfl_from(float v, int src) {
     return __shfl_sync(FULL_MASK, v, src);
 }
+static __device__ __forceinline__ int shfl_from(int v, int src) {
+    return __shfl_sync(FULL_MASK, v, src);
+}
 /* whether c holds in any lane of the warp */
 static __device__ __forceinline__ bool warp_any(bool c) { return __any_sync(FULL_MASK, c); }
 /* Sums each of the NV values (NV a power of two <= WARP_SIZE) over the warp, a reduce-scatter:

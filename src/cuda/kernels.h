@@ -50,6 +50,9 @@ struct cuda_gemv_job {
     const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
     const float *gnorm_w;      /* its weights (dv,) */
     int gdv;                   /* its head size */
+    int *tail_ctr;             /* or NULL: the dynamic tail (gemv_tail_kernel): pairs tail_start..
+                                  taken from tail_ctr[0] (tail_ctr[1]: blocks done; both left 0) */
+    int tail_start;
     unsigned long long *trace; /* NULL, or (blocks, 4) timestamps: entry, inputs ready, x staged,
                                   rows done (STRATA_TRACE=1) */
 };
@@ -92,6 +95,10 @@ struct cuda {
     int gemv_model;           /* STRATA_GEMV_MODEL=0: every GEMV shape by the round model */
     int gemv_narrow;          /* STRATA_GEMV_NARROW: see launch_gemv (-1: off) */
     int gemv_narrow_mask;     /* STRATA_GEMV_NARROW_MASK: which GEMVs take it */
+    int gemv_tail;            /* STRATA_GEMV_TAIL=R (default 4): the last R rounds of a long plain
+                                 GEMV taken from a counter (0: off); STRATA_GEMV_TAIL_MIN (default
+                                 8): from this many rounds (launch_gemv) */
+    int gemv_tail_min;
     int gemv_wide;            /* the shape of the GEMVs with many rows (cuda_gemv_wide_shape) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */
@@ -140,8 +147,8 @@ struct cuda {
                           q, k, v rows are written (0: after the whole in_proj) */
     int attn_early;    /* STRATA_ATTN_EARLY (default 1): the short attention starts once the
                           qkv GEMV's k, v, q rows are written (0: after the whole GEMV) */
-    int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax,
-                          [64 ..) attention decode */
+    int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [8, 9]
+                          the GEMV tail (cuda_gemv_job.tail_ctr), [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
     float *argmax_part; /* (CUDA_ARGMAX_BLOCKS, 2) value, index */
     unsigned *n_posts;  /* (1,) argmax choices posted so far (device) */

@@ -41,9 +41,19 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
 /* the kernel's mode (GATED: cuda_gemv_gated; EARLY: plain, for cuda_gemv_early) */
 enum { GEMV_PLAIN, GEMV_SWIGLU, GEMV_GATED, GEMV_EARLY };
 
-template <int TPR, int U, int D, int MODE>
+/* TAIL (gemv_tail_kernel, STRATA_GEMV_TAIL): the row pairs below job.tail_start (whole rounds,
+ * at least two) go by the grid stride as above, the rest one at a time from a counter, so the
+ * warps that stream faster take more of the last rounds (the last-block tails: 4B's lm_head's
+ * last block ended 13 us after the mean one, run 83). Lane 0 asks for the next pair when its
+ * group starts the one before (its last static pair, or a counted one), so the atomic's round
+ * trip hides behind that pair's loads; a grab past the end ends the group, which then counts
+ * itself done in its block (s_done), the block in tail_ctr[1], and the last block puts both
+ * counters back to zero. Grabs only after the wait: the counter is the previous GEMV's until
+ * that one completes. Warp groups, D = 1, plain (no residual) only. */
+template <int TPR, int U, int D, int MODE, bool TAIL = false>
 static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job, float eps,
-                                                uint4 *xs, float (*red)[2]) {
+                                                uint4 *xs, float (*red)[2], int *s_done = nullptr) {
+    static_assert(!TAIL || (TPR == WARP_SIZE && D == 1 && MODE == GEMV_PLAIN), "tail: warp groups, D = 1");
     constexpr bool SWIGLU = MODE == GEMV_SWIGLU, GATED = MODE == GEMV_GATED, EARLY = MODE == GEMV_EARLY;
     uint16_t *out = job.out;
     const uint16_t *norm_w = job.norm_w, *W = job.W;
@@ -56,8 +66,10 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
     const int n_pairs = SWIGLU ? N : (N + 1) / 2;
     const int nc = (K8 + STEP - 1) / STEP;            /* chunks per row pair */
     const int pstride = gridDim.x * GROUPS, pb = blockIdx.x * GROUPS;
-    const int n_units = pb < n_pairs ? (n_pairs - pb + pstride - 1) / pstride : 0;
-    const int n_items = n_units * nc;                 /* the same for every thread of the block */
+    const int S = TAIL ? job.tail_start : n_pairs;    /* pairs by the grid stride */
+    const int n_units = pb < S ? (S - pb + pstride - 1) / pstride : 0;
+    /* the same for every thread of the block (TAIL: the cursor ends the loop) */
+    const int n_items = TAIL ? 0x7fffffff : n_units * nc;
     unsigned long long *tr = job.trace && threadIdx.x == 0 ? job.trace + 4 * blockIdx.x : NULL;
     if (tr) tr[0] = gpu_time_ns();
     auto rows_of = [&](int p, int &r0, int &r1, bool &has1) { /* p < n_pairs */
@@ -86,6 +98,36 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             c = 0;
             p += pstride;
         }
+    };
+    int pend = 0; /* TAIL, lane 0: the pair its grab returned (in flight until read) */
+    bool grab_due = false, waited = false;
+    auto grab = [&]() {
+        if (!waited)
+            grab_due = true;
+        else if (l == 0)
+            pend = S + atomicAdd(job.tail_ctr, 1);
+    };
+    auto advance_tail = [&](int &p, int &c) { /* TAIL: the issue cursor's advance */
+        if (p >= n_pairs || ++c < nc) return;
+        c = 0;
+        int q = p + pstride;
+        if (q < S) {
+            if (q + pstride >= S) grab(); /* its last static pair: ask for the next one now */
+        } else {
+            q = shfl_from(pend, 0);
+            if (q < n_pairs) {
+                grab();
+            } else { /* the group's last grab: count it done, the last block resets */
+                q = n_pairs;
+                if (l == 0 && atomicAdd(s_done, 1) == GROUPS - 1 &&
+                    atomicAdd(job.tail_ctr + 1, 1) == (int)gridDim.x - 1) {
+                    fence_device();
+                    atomicExch(job.tail_ctr, 0);
+                    atomicExch(job.tail_ctr + 1, 0);
+                }
+            }
+        }
+        p = q;
     };
     auto issue = [&](bool valid, int p, int c, uint4 (&a)[U], uint4 (&b)[U], float &res0,
                      float &res1, bool ready) {
@@ -116,7 +158,10 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
 #pragma unroll
     for (int s = 0; s < D; s++) {
         issue(s < n_items, ip, ic, A[s], B[s], R0[s], R1[s], false);
-        advance(ip, ic);
+        if (TAIL)
+            advance_tail(ip, ic);
+        else
+            advance(ip, ic);
     }
     if (n_items > 0 && pb + g < n_pairs) { /* the next items of the first rows, towards L2 */
         int r0, r1;
@@ -141,7 +186,12 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
 #pragma unroll
         for (int q = 0; q < 2; q++)
             if (threadIdx.x + q * GEMV_THREADS < K8) Wpre[q] = ((const uint4 *)norm_w)[threadIdx.x + q * GEMV_THREADS];
+    if (TAIL && threadIdx.x == 0) *s_done = 0; /* read after the staging barrier */
     grid_dependency_wait();
+    if (TAIL) {
+        waited = true;
+        if (grab_due) grab();
+    }
     if (GATED) __syncthreads();
     if (tr) tr[1] = gpu_time_ns();
     if (!SWIGLU && accumulate && l == 0) { /* residuals of the items issued before the wait */
@@ -265,15 +315,19 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
      * of rounds 0 .. (early - 1 - pb) / pstride); -1: none of its pairs is early */
     const int t_sig = EARLY && pb < job.early.early ? ((job.early.early - 1 - pb) / pstride + 1) * nc - 1 : -1;
     int p = pb + g, c = 0; /* the item being computed */
-    for (int t0 = 0; t0 < n_items; t0 += D + 1) {
+    for (int t0 = 0; t0 < n_items && (!TAIL || p < n_pairs); t0 += D + 1) {
 #pragma unroll
         for (int s = 0; s <= D; s++) {
             const int t = t0 + s;
-            if (t >= n_items) break;
+            if (t >= n_items || (TAIL && p >= n_pairs)) break;
             /* issue item t + D into the slot item t - 1 used */
             const int sn = (s + D) % (D + 1);
             issue(t + D < n_items, ip, ic, A[sn], B[sn], R0[sn], R1[sn], true);
-            advance(ip, ic);
+            const int ip1 = ip, ic1 = ic; /* TAIL (D = 1): item t + 1, the next to compute */
+            if (TAIL)
+                advance_tail(ip, ic);
+            else
+                advance(ip, ic);
             /* compute item t */
             const bool active = p < n_pairs;
             if (active) {
@@ -327,7 +381,10 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                 }
                 a0 = a1 = 0.0f;
             }
-            advance(p, c);
+            if (TAIL)
+                p = ip1, c = ic1;
+            else
+                advance(p, c);
             if (EARLY && t == t_sig) {
                 /* the block's early pairs are written: one thread counts the block (the barrier
                  * orders the other warps' writes before its fence, as a CUTLASS semaphore
@@ -350,6 +407,16 @@ gemv_kernel(struct cuda_gemv_job job, float eps) {
     __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
     grid_launch_dependents();
     gemv_run<TPR, U, D, MODE>(job, eps, xs, red);
+}
+
+template <int TPR, int U, int D>
+static __global__ void __launch_bounds__(GEMV_THREADS, 2)
+gemv_tail_kernel(struct cuda_gemv_job job, float eps) {
+    extern __shared__ uint4 xs[];
+    __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
+    __shared__ int s_done; /* warp groups of this block past their last pair */
+    grid_launch_dependents();
+    gemv_run<TPR, U, D, GEMV_PLAIN, true>(job, eps, xs, red, &s_done);
 }
 
 /* out = bf16(out + y), element-wise. Bytes: 6 n. */
@@ -486,6 +553,27 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
      * also for the leaner shapes, whose spare registers then let the next kernel start early */
     long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
     const struct gemv_shape *sh = &gemv_shapes[gemv_pick(cu, pairs, K / 8, cap)];
+    /* The dynamic tail (gemv_run's TAIL; STRATA_GEMV_TAIL=R, default 4, 0: off): a plain GEMV
+     * of at least STRATA_GEMV_TAIL_MIN rounds of one-warp groups (default 8: the lm_head, ~59)
+     * runs that shape (U = 4, D = 1) with its last R rounds from the counter. Run 84: the 4B
+     * lm_head's last block ended 6 us after the mean one instead of 16 (R = 2); run 85, tg128:
+     * 4B +0.45%, 0.8B +0.4% (R = 4; 2 and 8 gained less), 9B +0.3% (whose two-warp lm_head
+     * this replaces; the shape alone +0.1%). */
+    bool tail = false;
+    long tail_start = 0;
+    if (cu->gemv_tail > 0 && cu->gemv_shape < 0 && !job.swiglu && !job.gnorm_w && !job.early.cnt &&
+        !job.accumulate && cu->gemv_persist) {
+        const long g0 = GEMV_THREADS / WARP_SIZE, stride = min(cap, (pairs + g0 - 1) / g0) * g0;
+        const long rounds = (pairs + stride - 1) / stride;
+        if (rounds >= cu->gemv_tail_min && rounds >= cu->gemv_tail + 2) {
+            for (int i = 0; i < N_GEMV_SHAPES; i++) {
+                const struct gemv_shape *w = &gemv_shapes[i];
+                if (w->tpr == WARP_SIZE && w->u == 4 && w->d == 1) sh = w;
+            }
+            tail = true;
+            tail_start = (rounds - cu->gemv_tail) * stride;
+        }
+    }
     /* The lean U = 2 shape (STRATA_GEMV_NARROW, default 10 = (64, 2, 1): 72 registers plain,
      * 63 SwiGLU, so 3 or 4 blocks per SM) on a grid of what it keeps resident, in place of the
      * wide shape, where run 61 measured it faster (STRATA_GEMV_NARROW_MASK, default 3):
@@ -496,7 +584,7 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
      * Not the wider plain GEMVs (in_proj, qkv, lm_head: 4B -1.7%) nor the gated out_proj
      * (108 registers in that mode; bounded to 3 blocks per SM, 79 and spilling: run 62, -1.8%). */
     const long round = (long)(GEMV_THREADS / WARP_SIZE) * cap;
-    if (cu->gemv_narrow >= 0 && cu->gemv_shape < 0 && cu->gemv_model != 0 && !job.gnorm_w &&
+    if (!tail && cu->gemv_narrow >= 0 && cu->gemv_shape < 0 && cu->gemv_model != 0 && !job.gnorm_w &&
         pairs >= round / 2) {
         const struct gemv_shape *nw = &gemv_shapes[cu->gemv_narrow];
         const long ncap = (long)cu->info.n_sm * resident(job.swiglu ? nw->swiglu : nw->plain, smem);
@@ -505,6 +593,11 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
         if (cu->gemv_narrow_mask & cls) sh = nw, cap = ncap;
     }
     gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : job.early.cnt ? sh->early : sh->plain;
+    if (tail) {
+        kern = gemv_tail_kernel<WARP_SIZE, 4, 1>;
+        job.tail_ctr = cu->counters + 8;
+        job.tail_start = (int)tail_start;
+    }
     if (tpr) *tpr = sh->tpr;
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
     if (cu->gemv_persist && blocks > cap) blocks = cap;
