@@ -558,7 +558,7 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
      * runs that shape (U = 4, D = 1) with its last R rounds from the counter. Run 84: the 4B
      * lm_head's last block ended 6 us after the mean one instead of 16 (R = 2); run 85, tg128:
      * 4B +0.45%, 0.8B +0.4% (R = 4; 2 and 8 gained less), 9B +0.3% (whose two-warp lm_head
-     * this replaces; the shape alone +0.1%). */
+     * this replaces; the shape alone +0.1%); run 90: 2B +0.5%. */
     bool tail = false;
     long tail_start = 0;
     if (cu->gemv_tail > 0 && cu->gemv_shape < 0 && !job.swiglu && !job.gnorm_w && !job.early.cnt &&
