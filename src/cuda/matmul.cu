@@ -514,11 +514,13 @@ static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
  * whose chunk divides the hidden row (K8 = hidden / 8 words), so the rows with K = hidden (the
  * input projections, gate/up, lm_head) end in no partly idle chunk: 9B (K8 = 512) two warps,
  * 4B (320) and 0.8B (128) one. */
-extern "C" int cuda_gemv_wide_shape(int hidden) {
-    const int tpr = (hidden / 8) % (4 * 2 * WARP_SIZE) == 0 ? 2 * WARP_SIZE : WARP_SIZE;
+static int gemv_warp_shape(int tpr) { /* the shape (tpr, 4, 1) */
     for (int i = 0; i < N_GEMV_SHAPES; i++)
         if (gemv_shapes[i].tpr == tpr && gemv_shapes[i].u == 4 && gemv_shapes[i].d == 1) return i;
     return 0;
+}
+extern "C" int cuda_gemv_wide_shape(int hidden) {
+    return gemv_warp_shape((hidden / 8) % (4 * 2 * WARP_SIZE) == 0 ? 2 * WARP_SIZE : WARP_SIZE);
 }
 
 /* Registers per thread of a shape's plain (normalising, non-gated) kernel, or of its EARLY mode
@@ -566,10 +568,7 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
         const long g0 = GEMV_THREADS / WARP_SIZE, stride = min(cap, (pairs + g0 - 1) / g0) * g0;
         const long rounds = (pairs + stride - 1) / stride;
         if (rounds >= cu->gemv_tail_min && rounds >= cu->gemv_tail + 2) {
-            for (int i = 0; i < N_GEMV_SHAPES; i++) {
-                const struct gemv_shape *w = &gemv_shapes[i];
-                if (w->tpr == WARP_SIZE && w->u == 4 && w->d == 1) sh = w;
-            }
+            sh = &gemv_shapes[gemv_warp_shape(WARP_SIZE)];
             tail = true;
             tail_start = (rounds - cu->gemv_tail) * stride;
         }
