@@ -722,6 +722,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
     cu->gemv_tail = env_int("STRATA_GEMV_TAIL", 4, 0, 64);
     cu->gemv_tail_min = env_int("STRATA_GEMV_TAIL_MIN", 8, 1, 1 << 20);
+    cu->gemv_pre = env_int("STRATA_GEMV_PRE", 2, 0, 2);
     cu->gemv_wide = cuda_gemv_wide_shape(H);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {
         cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,

@@ -45,6 +45,7 @@ struct cuda_gemv_job {
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
     int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
+    int pre_issue;             /* when the ring's last item is issued (STRATA_GEMV_PRE, gemv_run) */
     int nw_pre;                /* the RMSNorm weights loaded before the wait (STRATA_GEMV_NWPRE) */
     struct cuda_early early;   /* cuda_gemv_early's order and count (early.cnt NULL: none) */
     const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
@@ -99,6 +100,7 @@ struct cuda {
                                  GEMV taken from a counter (0: off); STRATA_GEMV_TAIL_MIN (default
                                  8): from this many rounds (launch_gemv) */
     int gemv_tail_min;
+    int gemv_pre;             /* STRATA_GEMV_PRE: see cuda_gemv_job.pre_issue (default 2) */
     int gemv_wide;            /* the shape of the GEMVs with many rows (cuda_gemv_wide_shape) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */
