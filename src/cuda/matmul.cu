@@ -36,6 +36,8 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
  * 0 .. D-1 are loaded and the next pf_items items of those rows requested into L2 before
  * grid_dependency_wait() (whole rows flood L2 and delay the reads of x behind them when a
  * block has one long row pair); the block lets the next kernel start its blocks at once.
+ * After the wait, item D goes out as soon as x has arrived (STRATA_GEMV_PRE), so the staging's
+ * arithmetic and barriers do not leave the block without loads in flight.
  * Bytes: 2 N K weights (4 I K for SwiGLU) + 2 K x per block + 2 N out (x2 with accumulate);
  * FLOPs: 2 N K (+ ~4 K per block for the norm). */
 /* the kernel's mode (GATED: cuda_gemv_gated; EARLY: plain, for cuda_gemv_early) */
