@@ -434,17 +434,18 @@ gemv_kernel(struct cuda_gemv_job job, float eps) {
     gemv_run<TPR, U, D, MODE>(job, eps, xs, red);
 }
 
-/* The plain mode held to 104 registers where its ring (U (D + 1) 16-byte words of two rows)
- * is at most 8 words, as the EARLY mode: the DeltaNet step's block must fit beside two blocks
- * of the wide shape (backend_cuda_residency; the step follows a plain in_proj with
- * STRATA_GDN_EARLY=0). The pre-issue took it from 104 to 106 registers uncapped; capped, 96. */
-template <int TPR, int U, int D>
+/* The plain and EARLY modes held to 104 registers where the ring (U (D + 1) 16-byte words of
+ * two rows) is at most 8 words: the DeltaNet step's block (128 x 96) must fit beside two blocks
+ * of the wide shape (backend_cuda_residency; it follows the EARLY in_proj, or a plain one with
+ * STRATA_GDN_EARLY=0). Uncapped, the pre-issue took the plain mode from 104 to 106 registers;
+ * capped, 96. */
+template <int TPR, int U, int D, int MODE>
 static __global__ void GPU_MAXNREG(U *(D + 1) <= 8 ? 104 : 128)
-gemv_plain_kernel(struct cuda_gemv_job job, float eps) {
+gemv_capped_kernel(struct cuda_gemv_job job, float eps) {
     extern __shared__ uint4 xs[];
     __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
     grid_launch_dependents();
-    gemv_run<TPR, U, D, GEMV_PLAIN>(job, eps, xs, red);
+    gemv_run<TPR, U, D, MODE>(job, eps, xs, red);
 }
 
 template <int TPR, int U, int D>
@@ -472,16 +473,6 @@ static __global__ void swiglu_kernel(uint16_t *out, const uint16_t *gu, int T, i
     out[idx] = f2bf(bfr(silu_f(g)) * u);
 }
 
-/* The EARLY mode (the DeltaNet in_proj) held to the plain kernel's 104 registers: the step's
- * block (128 x 96) must fit beside two of its blocks (backend_cuda_residency). */
-template <int TPR, int U, int D>
-static __global__ void GPU_MAXNREG(104) gemv_early_kernel(struct cuda_gemv_job job, float eps) {
-    extern __shared__ uint4 xs[];
-    __shared__ float red[GEMV_THREADS / WARP_SIZE][2];
-    grid_launch_dependents();
-    gemv_run<TPR, U, D, GEMV_EARLY>(job, eps, xs, red);
-}
-
 typedef void (*gemv_fn)(struct cuda_gemv_job, float);
 
 /* The instantiated (TPR, U, D) shapes (U (D + 1) <= 10 keeps every one within 128 registers);
@@ -491,8 +482,8 @@ struct gemv_shape {
     gemv_fn plain, swiglu, gated, early;
 };
 #define GEMV_SHAPE(T, U, D)                                                                     \
-    {T, U, D, gemv_plain_kernel<T, U, D>, gemv_kernel<T, U, D, GEMV_SWIGLU>,                    \
-     gemv_kernel<T, U, D, GEMV_GATED>, gemv_early_kernel<T, U, D>}
+    {T, U, D, gemv_capped_kernel<T, U, D, GEMV_PLAIN>, gemv_kernel<T, U, D, GEMV_SWIGLU>,       \
+     gemv_kernel<T, U, D, GEMV_GATED>, gemv_capped_kernel<T, U, D, GEMV_EARLY>}
 static const struct gemv_shape gemv_shapes[] = {
     GEMV_SHAPE(32, 4, 1),  GEMV_SHAPE(64, 4, 1),  GEMV_SHAPE(128, 4, 1), GEMV_SHAPE(256, 4, 1),
     GEMV_SHAPE(128, 2, 2), GEMV_SHAPE(256, 2, 2), GEMV_SHAPE(256, 1, 3), GEMV_SHAPE(128, 1, 3),
@@ -611,8 +602,8 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
             tail_start = (rounds - cu->gemv_tail) * stride;
         }
     }
-    /* The lean U = 2 shape (STRATA_GEMV_NARROW, default 10 = (64, 2, 1): 72 registers plain,
-     * 63 SwiGLU, so 3 or 4 blocks per SM) on a grid of what it keeps resident, in place of the
+    /* The lean U = 2 shape (STRATA_GEMV_NARROW, default 10 = (64, 2, 1): 74 registers plain,
+     * 64 SwiGLU, so 3 or 4 blocks per SM) on a grid of what it keeps resident, in place of the
      * wide shape, where run 61 measured it faster (STRATA_GEMV_NARROW_MASK, default 3):
      * 1: the plain GEMVs whose pairs fit one round of its grid's groups (4B's down and o_proj:
      *    4B +1.6%; 9B's, 1.3 of its rounds against 1.9 of the wide shape's, lost 3.7%);
