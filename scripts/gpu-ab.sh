@@ -56,10 +56,11 @@ for s in $SIZES; do
         [ -z "$v" ] && continue
         [ "$v" = - ] && v=""
         # shellcheck disable=SC2086
-        env $v timeout 300 $B bench --model "$M/$s" ${AB_ARGS:---tg-only} --reps "$REPS" >"$OUT/ab.tmp" 2>/dev/null
+        env $v timeout 300 $B bench --model "$M/$s" ${AB_ARGS:---tg-only} --reps "$REPS" >"$OUT/ab.tmp" 2>"$OUT/ab.err" ||
+            grep -v "loading weights" "$OUT/ab.err" | tail -2
         grep -E "^GEMVs" "$OUT/ab.tmp"
         case "$v" in *STRATA_TRACE=1*) { echo "== $s $v"; cat "$OUT/ab.tmp"; } >>"$OUT/trace.txt" ;; esac
         echo "$s ${v:-(as built)} :: $(tail -1 "$OUT/ab.tmp")"
     done <<<"$VARIANTS"
 done 2>&1 | tee "$OUT/ab.txt"
-rm -f "$OUT/ab.tmp"
+rm -f "$OUT/ab.tmp" "$OUT/ab.err"
