@@ -308,6 +308,21 @@ static __device__ __forceinline__ float4 load_coherent4(const float *p) { return
 static __device__ __forceinline__ uint16_t load_coherent_u16(const uint16_t *p) { return __ldcg(p); }
 static __device__ __forceinline__ uint4 load_coherent_u4(const uint16_t *p) { return __ldcg((const uint4 *)p); }
 static __device__ __forceinline__ void fence_device(void) { __threadfence(); }
+/* fp32 data read again next step (the DeltaNet state): loads and stores with an L2 evict-last
+ * cache policy, so the streamed weights (evict-first, load_stream) leave it in L2 (HIP: plain
+ * accesses, or the target's cache-policy bits) */
+static __device__ __forceinline__ float load_keep(const float *p) {
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    float v;
+    asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(pol) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void store_keep(float *p, float v) {
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(pol) : "memory");
+}
 /* Spins until *p >= target (a count other blocks raise with fence_device + atomicAdd), then
  * fences: what they wrote before counting is then visible to load_coherent reads. */
 static __device__ __forceinline__ void wait_count(const int *p, int target) {
