@@ -311,17 +311,18 @@ static __device__ __forceinline__ void fence_device(void) { __threadfence(); }
 /* fp32 data read again next step (the DeltaNet state): loads and stores with an L2 evict-last
  * cache policy, so the streamed weights (evict-first, load_stream) leave it in L2 (HIP: plain
  * accesses, or the target's cache-policy bits) */
-static __device__ __forceinline__ float load_keep(const float *p) {
+static __device__ __forceinline__ unsigned long long keep_policy(void) {
     unsigned long long pol;
     asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+static __device__ __forceinline__ float load_keep(const float *p) {
     float v;
-    asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(pol) : "memory");
+    asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(keep_policy()) : "memory");
     return v;
 }
 static __device__ __forceinline__ void store_keep(float *p, float v) {
-    unsigned long long pol;
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(pol) : "memory");
+    asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(keep_policy()) : "memory");
 }
 /* Spins until *p >= target (a count other blocks raise with fence_device + atomicAdd), then
  * fences: what they wrote before counting is then visible to load_coherent reads. */
