@@ -295,7 +295,7 @@ int cmd_bench(int argc, char **argv) {
     if (at512 > 0) printf("| decode at 512 context | %.1f tok/s |\n", at512);
     if (at8k > 0) printf("| decode at 8k context | %.1f tok/s |\n", at8k);
     if (at32k > 0)
-        printf("| decode at 32k context | %.1f tok/s (%.0f%% of tg128, %.0f%% of the speed at "
+        printf("| decode at 32k context | %.1f tok/s (%.0f%% of tg128, %.1f%% of the speed at "
                "512) |\n", at32k, 100 * at32k / tg, 100 * at32k / at512);
     printf("| weights read per token | %.3f GB |\n", wbytes / 1e9);
     if (copy_bw > 0)
