@@ -297,6 +297,18 @@ int cmd_bench(int argc, char **argv) {
     if (at32k > 0)
         printf("| decode at 32k context | %.1f tok/s (%.0f%% of tg128, %.1f%% of the speed at "
                "512) |\n", at32k, 100 * at32k / tg, 100 * at32k / at512);
+    if (at32k > 0 && copy_bw > 0) {
+        /* Both windows run 2 + 48 steps after their prompt, so the 32k steps attend to 32,256
+         * more positions of the bf16 cache (K and V of every full-attention layer). Reading
+         * those at the copy bandwidth bounds the ratio from above for the measured 512 speed. */
+        double kv = 32256.0 * 2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2;
+        double added = 1 / at32k - 1 / at512, ideal = kv / copy_bw;
+        printf("| KV cache read at 32k beyond 512 | %.3f GB a step: %.0f us added, %.0f us at "
+               "copy bandwidth (%.0f%% of it) |\n",
+               kv / 1e9, added * 1e6, ideal * 1e6, 100 * ideal / added);
+        printf("| 32k / 512 ceiling for this 512 speed (that KV read at copy bandwidth) | %.1f%% "
+               "|\n", 100 * (1 / at512) / (1 / at512 + ideal));
+    }
     printf("| weights read per token | %.3f GB |\n", wbytes / 1e9);
     if (copy_bw > 0)
         printf("| bandwidth at tg128 | %.2f TB/s = %.0f%% of measured copy %.2f TB/s (roofline "
