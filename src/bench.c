@@ -266,9 +266,11 @@ int cmd_bench(int argc, char **argv) {
 
     /* long contexts */
     double at512 = -1, at8k = -1, at32k = -1;
+    int pos512 = 0, pos32k = 0; /* cache rows before each window's timed steps */
     if (long_ctx && ctx >= 8192 + 64) { /* issue 4's ratio: the speed at 32k over that at 512 */
         time_prefill(m, 512 - 1, 1, &err);
         time_steps(m, 2);
+        pos512 = model_pos(m);
         at512 = 48 / time_steps(m, 48) * 1000;
         time_prefill(m, 8192 - 1, 1, &err);
         time_steps(m, 2);
@@ -276,6 +278,7 @@ int cmd_bench(int argc, char **argv) {
         if (ctx >= 32768 + 64) {
             time_prefill(m, 32768 - 1 - model_pos(m), 0, &err);
             time_steps(m, 2);
+            pos32k = model_pos(m);
             at32k = 48 / time_steps(m, 48) * 1000;
         }
     }
@@ -298,10 +301,10 @@ int cmd_bench(int argc, char **argv) {
         printf("| decode at 32k context | %.1f tok/s (%.0f%% of tg128, %.1f%% of the speed at "
                "512) |\n", at32k, 100 * at32k / tg, 100 * at32k / at512);
     if (at32k > 0 && copy_bw > 0) {
-        /* Both windows run 2 + 48 steps after their prompt, so the 32k steps attend to 32,256
-         * more positions of the bf16 cache (K and V of every full-attention layer). Reading
-         * those at the copy bandwidth bounds the ratio from above for the measured 512 speed. */
-        double kv = 32256.0 * 2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2;
+        /* The 32k steps attend to pos32k - pos512 more rows of the bf16 cache (K and V of every
+         * full-attention layer) than the 512 steps. Reading those at the copy bandwidth bounds
+         * the ratio from above for the measured 512 speed. */
+        double kv = (double)(pos32k - pos512) * 2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2;
         double added = 1 / at32k - 1 / at512, ideal = kv / copy_bw;
         printf("| KV cache read at 32k beyond 512 | %.3f GB a step: %.0f us added, %.0f us at "
                "copy bandwidth (%.0f%% of it) |\n",
