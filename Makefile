@@ -17,11 +17,12 @@ LDFLAGS += -fopenmp
 NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Wextra -Isrc --expt-relaxed-constexpr
 NVFLAGS += $(NVEXTRA)
 
-SRC      := $(wildcard src/*.c src/cpu/*.c)
-MAIN_SRC := src/main.c
+SRC      := $(wildcard src/*.c src/*/*.c src/model/cpu/*.c)
+MAIN_SRC := src/cli/main.c
 LIB_SRC  := $(filter-out $(MAIN_SRC),$(SRC))
-CU_SRC   := $(if $(NVCC),$(wildcard src/cuda/*.cu))
+CU_SRC   := $(if $(NVCC),$(wildcard src/model/cuda/*.cu))
 TEST_SRC := $(wildcard tests/test_*.c)
+HEADERS  := $(wildcard src/*.h src/*/*.h src/model/*/*.h)
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o)
 TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -34,7 +35,7 @@ endif
 .PHONY: all test asan test-asan bench clean FORCE
 all: $(BUILD)/strata
 
-$(BUILD)/strata: $(BUILD)/src/main.o $(BUILD)/libstrata.a
+$(BUILD)/strata: $(BUILD)/src/cli/main.o $(BUILD)/libstrata.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/libstrata.a: $(LIB_OBJ) $(BUILD)/.config
@@ -48,11 +49,11 @@ $(BUILD)/.config: FORCE
 	@echo '$(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LIB_OBJ)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) | $(NVCC) $(NVFLAGS) | $(LIB_OBJ)' > $@
 FORCE:
 
-$(BUILD)/%.o: %.c $(wildcard src/*.h src/cpu/*.h src/cuda/*.h) $(BUILD)/.config
+$(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/%.o: %.cu $(wildcard src/*.h src/cuda/*.h) $(BUILD)/.config
+$(BUILD)/%.o: %.cu $(HEADERS) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
@@ -63,9 +64,9 @@ $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libstrata.a
 # The suite: every test binary, plus the loader's malformed-input corpus under ASan + UBSan.
 ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 ASAN_TESTS := build-asan/tests/test_loader
-# the command line, and the server as real clients see it: the openai npm package and curl
+# the include layers, the command line, and the server as real clients see it: the openai npm package and curl
 # (need scripts/install-deps.sh)
-CLIENT_TESTS := tests/cli.sh tests/server/test.mjs tests/server/curl.sh
+CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/curl.sh
 test: $(BUILD)/strata $(TESTS)
 	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(ASAN_TESTS) >/dev/null
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(ASAN_TESTS) $(CLIENT_TESTS)

@@ -6,14 +6,14 @@
  *   bench_tokenizer --tokenizer data/qwen3-tokenizer/tokenizer.json --corpus bench.bin [--reps 3]
  *
  * Build: make bench (or: cc -O3 -march=x86-64-v3 -std=c11 -D_GNU_SOURCE -Isrc bench/bench_tokenizer.c
- *        src/tokenizer.c src/util.c -ljansson -lpcre2-8 -licuuc -licudata)
+ *        src/text/tokenizer.c src/util.c -ljansson -lpcre2-8 -licuuc -licudata)
  * (for a binary to carry to another machine add -static and -lstdc++ -lm -lpthread: ICU is C++
  * inside). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 int main(int argc, char **argv) {
     const char *tok_path = "data/qwen3-tokenizer/tokenizer.json", *corpus_path = NULL;

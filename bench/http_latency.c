@@ -28,10 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "engine.h"
-#include "server.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "engine/engine.h"
+#include "api/server.h"
+#include "text/tokenizer.h"
 
 #define MAX_REPS 16
 

@@ -69,10 +69,10 @@ if has build; then
         # stubs that abort if called: ICU (versioned names, e.g. u_charAge_72) and libmicrohttpd
         # (MHD_*), for every such symbol the objects need
         LDLIBS="$LIBS_EXTRA" make -k -j"$(nproc)" BUILD=$BUILD NVCC="$NVCC_PATH" \
-            $(ls src/*.c src/cpu/*.c | sed "s#\(.*\)\.c#$BUILD/\1.o#") >"$LOG/build.log" 2>&1
+            $(ls src/*.c src/*/*.c src/model/cpu/*.c | sed "s#\(.*\)\.c#$BUILD/\1.o#") >"$LOG/build.log" 2>&1
         for lib in icuuc:'^u[a-z0-9]*_[A-Za-z0-9]+_[0-9]+$' microhttpd:'^MHD_'; do
             name=${lib%%:*} pat=${lib#*:}
-            nm -u $BUILD/src/*.o 2>/dev/null | awk '{print $2}' | grep -E "$pat" | sort -u \
+            nm -u $BUILD/src/*.o $BUILD/src/*/*.o $BUILD/src/model/cpu/*.o 2>/dev/null | awk '{print $2}' | grep -E "$pat" | sort -u \
                 | sed 's/.*/void &(void) { abort(); }/' | { echo '#include <stdlib.h>'; cat; } >.deps/stub_$name.c
             cc -O2 -c -o .deps/stub_$name.o .deps/stub_$name.c && ar rcs .deps/prefix/lib/lib$name.a .deps/stub_$name.o
             echo "stub lib$name: $(grep -c abort .deps/stub_$name.c) symbols" | tee -a "$LOG/build.log"

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "chat.h"
+#include "text/chat.h"
 #include "harness.h"
 
 #define FIX "tests/fixtures/chat"

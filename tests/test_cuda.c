@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "config.h"
-#include "cuda/cuda.h"
+#include "model/backend.h"
+#include "model/config.h"
+#include "model/cuda/cuda.h"
 #include "harness.h"
 #include "util.h"
 

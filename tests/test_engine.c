@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "engine/engine.h"
 #include "harness.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 
 struct capture {
     int32_t ids[512];

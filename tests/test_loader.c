@@ -13,10 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "model/config.h"
 #include "harness.h"
-#include "model.h"
-#include "safetensors.h"
+#include "model/model.h"
+#include "model/safetensors.h"
 
 static char bad_dir[1024]; /* tests/bad */
 static char tmp_dir[256];

@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "harness.h"
-#include "model.h"
-#include "safetensors.h"
+#include "model/model.h"
+#include "model/safetensors.h"
 
 #define FIXTURES "tests/fixtures"
 #define N_GREEDY 64

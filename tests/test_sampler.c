@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "sampler.h"
+#include "engine/sampler.h"
 
 #define DRAWS 40000
 #define TOL 0.012

@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "server.h"
-#include "server_api.h"
+#include "api/server.h"
+#include "api/openai.h"
 
 static int g_port;
 static const char *g_key = "sekret";

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #define FIX "tests/fixtures/tokenizer/"
 #define QWEN3 "data/qwen3-tokenizer/tokenizer.json"

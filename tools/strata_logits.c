@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "model/model.h"
 
 static int32_t *read_ids(const char *path, int *n) {
     FILE *f = fopen(path, "rb");

@@ -4,9 +4,9 @@
 
 int cmd_run(int argc, char **argv);      /* main.c: generate from ids or a prompt */
 int cmd_info(int argc, char **argv);     /* main.c: config, sizes, memory */
-int cmd_tokenize(int argc, char **argv); /* tokenizer_cli.c: text <-> ids */
-int cmd_render(int argc, char **argv);   /* chat_cli.c: chat request -> prompt text */
-int cmd_serve(int argc, char **argv);    /* server.c: the OpenAI-compatible HTTP server */
+int cmd_tokenize(int argc, char **argv); /* tokenize.c: text <-> ids */
+int cmd_render(int argc, char **argv);   /* render.c: chat request -> prompt text */
+int cmd_serve(int argc, char **argv);    /* serve.c: the OpenAI-compatible HTTP server */
 int cmd_bench(int argc, char **argv);    /* bench.c: llama-bench style measurements */
 
 /* The model directory used when --model is not given: the bundled demo model. */

@@ -1,4 +1,4 @@
-/* server_cli.c - `strata serve`: options, signal handling (SIGINT/SIGTERM taken synchronously
+/* serve.c - `strata serve`: options, signal handling (SIGINT/SIGTERM taken synchronously
  * by the main thread, then a clean server_stop), the ready line with the URL. Kept apart from
  * server.c so the library's server can be linked without main.c (cli_default_model_dir). */
 #include <signal.h>
@@ -8,7 +8,7 @@
 #include <pthread.h>
 
 #include "cli.h"
-#include "server.h"
+#include "api/server.h"
 
 static void serve_usage(FILE *f) {
     fprintf(f, "usage: strata serve [--model DIR] [--host 127.0.0.1] [--port 8080] [--ctx N]\n"

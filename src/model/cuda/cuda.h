@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "../backend.h"
+#include "model/backend.h"
 
 /* Decode GEMV shapes (threads per row pair, words per item, pipeline depth) that
  * STRATA_GEMV_SHAPE=0 .. CUDA_GEMV_SHAPES-1 can force (matmul.cu's table; test_cuda checks each). */

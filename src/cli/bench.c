@@ -14,10 +14,10 @@
 #include <string.h>
 
 #include "cli.h"
-#include "engine.h"
-#include "model.h"
+#include "engine/engine.h"
+#include "model/model.h"
 #ifdef STRATA_CUDA
-#include "cuda/cuda.h"
+#include "model/cuda/cuda.h"
 #endif
 
 #define BENCH_GRAPH_STEP 1 /* model.c's key for the decode-step graph */

@@ -7,11 +7,11 @@
 
 #include <jansson.h>
 
-#include "chat.h"
+#include "text/chat.h"
 #include "cli.h"
-#include "engine.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f,

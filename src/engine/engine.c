@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 struct engine {
     struct model *m;

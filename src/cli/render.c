@@ -1,4 +1,4 @@
-/* chat_cli.c - `strata render --model DIR`: reads an OpenAI chat request (JSON) on stdin and
+/* render.c - `strata render --model DIR`: reads an OpenAI chat request (JSON) on stdin and
  * prints the prompt the chat template makes of it, exactly (no newline added). The template
  * comes from DIR/chat_template.jinja or DIR/tokenizer_config.json (see chat.h); DIR defaults to
  * the bundled demo model. A request the template refuses prints its refusal and exits 1. */
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
+#include "text/chat.h"
 #include "cli.h"
 
 int cmd_render(int argc, char **argv) {

@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "util.h"
 
 struct server_options {

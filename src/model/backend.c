@@ -3,7 +3,7 @@
 #include "backend.h"
 
 #ifndef STRATA_CUDA
-#include "cuda/cuda.h"
+#include "model/cuda/cuda.h"
 
 struct backend *backend_cuda_create(const struct config *c, int max_ctx, int max_T,
                                     struct error *err) {

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "../util.h"
+#include "util.h"
 
 /* Spin before sleeping: ~500 pause instructions, tens of microseconds. Longer spins lose the
  * core to the spinner when other programs are busy (measured: see bench/RESULTS.md). */

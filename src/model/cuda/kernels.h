@@ -9,9 +9,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "../backend.h"
-#include "../config.h"
-#include "../util.h"
+#include "model/backend.h"
+#include "model/config.h"
+#include "util.h"
 #include "cuda.h"
 
 #define CUDA_MAX_GRAPHS 16

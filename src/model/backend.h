@@ -1,7 +1,7 @@
 /* backend.h - the operations the Qwen3.5 forward pass needs, as a table of function pointers.
  *
- * model.c is written once against this table; src/cpu/ implements it as the executable
- * specification and src/cuda/ must match it op by op. Pointers passed to ops are "device"
+ * model.c is written once against this table; cpu/ implements it as the executable
+ * specification and cuda/ must match it op by op. Pointers passed to ops are "device"
  * pointers obtained from ops->alloc (plain host memory on the CPU backend).
  *
  * Conventions

@@ -1,11 +1,11 @@
-/* server_api.c - OpenAI request validation, prompt preparation, SSE framing and responses
- * (see server_api.h). Shapes follow the OpenAI API reference for chat.completion(.chunk) and
+/* openai.c - OpenAI request validation, prompt preparation, SSE framing and responses
+ * (see openai.h). Shapes follow the OpenAI API reference for chat.completion(.chunk) and
  * text_completion, with llama-server's extensions: a "timings" object, top_k, min_p,
  * repetition_penalty, ignore_eos, /tokenize and /detokenize.
  *
  * SSE frames are formatted by hand (a fixed head per job + an escaped delta) rather than
  * through jansson: they are written once per token and must cost microseconds. */
-#include "server_api.h"
+#include "openai.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 /* ---- JSON string escaping ------------------------------------------------------------ */
 

@@ -16,7 +16,7 @@
 #include <immintrin.h>
 #endif
 
-#include "backend.h"
+#include "model/backend.h"
 #include "pool.h"
 
 struct cpu {

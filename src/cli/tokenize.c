@@ -1,4 +1,4 @@
-/* tokenizer_cli.c - `strata tokenize`: UTF-8 text on stdin -> ids on one line (space-separated),
+/* tokenize.c - `strata tokenize`: UTF-8 text on stdin -> ids on one line (space-separated),
  * or with --decode, ids on stdin -> the text (raw bytes, as the model would emit them). The
  * tokenizer defaults to the bundled demo model's tokenizer.json. */
 #include <errno.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 static void tokenize_usage(FILE *f) {
     fprintf(f,

@@ -1,17 +1,17 @@
-/* server_api.h - the OpenAI API surface of the server, apart from HTTP: request validation
+/* openai.h - the OpenAI API surface of the server, apart from HTTP: request validation
  * (OpenAI-shaped errors naming the field), prompt rendering and tokenization, the job a
  * generation request becomes, its SSE framing while the engine runs, and the JSON responses.
  * server.c owns the sockets, threads and queue; this file owns the formats. Internal to the
- * server (server.c, server_api.c, and the tests that drive them). */
-#ifndef STRATA_SERVER_API_H
-#define STRATA_SERVER_API_H
+ * server (server.c, openai.c, and the tests that drive them). */
+#ifndef STRATA_API_OPENAI_H
+#define STRATA_API_OPENAI_H
 
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "chat.h"
-#include "engine.h"
+#include "text/chat.h"
+#include "engine/engine.h"
 
 /* A growable byte string. */
 /* Appends s as a quoted JSON string (s must be valid UTF-8). */

@@ -12,7 +12,7 @@
  *
  * Mirrors the request/response shapes of the OpenAI API and llama-server's extensions
  * (timings, /tokenize, /detokenize, /health, top_k/min_p/repetition_penalty). Request parsing
- * and response shaping live in server_api.c. */
+ * and response shaping live in openai.c. */
 #include "server.h"
 
 #include <errno.h>
@@ -30,10 +30,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chat.h"
-#include "engine.h"
-#include "server_api.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "engine/engine.h"
+#include "openai.h"
+#include "text/tokenizer.h"
 
 enum route {
     ROUTE_NONE = 0,
