@@ -579,12 +579,12 @@ static void check_size(const char *size) {
     /* every GEMV shape (threads per row, loads per item, pipeline depth) on the decode shapes,
      * whichever the launcher would pick */
     for (int shape = 0; shape < CUDA_GEMV_SHAPES; shape++) {
-        char v[12], t[32];
-        snprintf(v, sizeof v, "%d", shape);
-        setenv("STRATA_GEMV_SHAPE", v, 1);
+        char t[32];
         struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
-        unsetenv("STRATA_GEMV_SHAPE");
         CHECK(q.gpu);
+        struct cuda_test_knobs k = CUDA_TEST_KNOBS_DEFAULT;
+        k.gemv_shape = shape;
+        backend_cuda_test_knobs(q.gpu, &k);
         snprintf(t, sizeof t, "%s shape %d", size, shape);
         check_matmul(&q, t, 1, gdn_rows, H, 1, 0);
         check_matmul(&q, t, 1, H, c.value_dim, 0, 1);
@@ -602,12 +602,12 @@ static void check_size(const char *size) {
      * R = 2 and 1 from any GEMV of R + 2 rounds (4B's in_proj and qkv at R = 1), twice on one
      * backend, so a counter not put back to zero shows as rows left poisoned */
     for (int v = 0; v < 2; v++) {
-        setenv("STRATA_GEMV_TAIL", v == 0 ? "2" : "1", 1);
-        setenv("STRATA_GEMV_TAIL_MIN", "1", 1);
         struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
-        unsetenv("STRATA_GEMV_TAIL");
-        unsetenv("STRATA_GEMV_TAIL_MIN");
         CHECK(q.gpu);
+        struct cuda_test_knobs k = CUDA_TEST_KNOBS_DEFAULT;
+        k.gemv_tail = v == 0 ? 2 : 1;
+        k.gemv_tail_min = 1;
+        backend_cuda_test_knobs(q.gpu, &k);
         char t[48];
         snprintf(t, sizeof t, "%s tail %d", size, v == 0 ? 2 : 1);
         for (int r = 0; r < 2; r++) {
@@ -637,10 +637,11 @@ static void check_size(const char *size) {
     check_attention_k(&p, &c, size, max_ctx, 0, 7, 0, 0.0f, 1);
     /* the split kernel at short contexts too; the block-per-head kernel over 1,024 keys */
     for (int v = 0; v < 2; v++) {
-        setenv("STRATA_ATTN_SHORT", v == 0 ? "0" : "1024", 1);
         struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
-        unsetenv("STRATA_ATTN_SHORT");
         CHECK(q.gpu);
+        struct cuda_test_knobs k = CUDA_TEST_KNOBS_DEFAULT;
+        k.attn_short = v == 0 ? 0 : 1024;
+        backend_cuda_test_knobs(q.gpu, &k);
         char t[48];
         snprintf(t, sizeof t, "%s %s", size, v == 0 ? "split only" : "short to 1024");
         if (v == 0) {

@@ -11,6 +11,9 @@ struct backend *backend_cuda_create(const struct config *c, int max_ctx, int max
     error_set(err, "this strata was built without CUDA (nvcc not found at build time)");
     return NULL;
 }
+void backend_cuda_test_knobs(struct backend *be, const struct cuda_test_knobs *k) {
+    (void)be, (void)k;
+}
 int backend_cuda_residency(struct backend *be, char *buf, size_t cap) {
     (void)be, (void)buf, (void)cap;
     return 0;

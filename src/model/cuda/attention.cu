@@ -119,8 +119,8 @@ static __device__ __forceinline__ void attend_range(const float (&qv)[G][8], con
  * follows *pos on the device (no context ceiling; one graph serves every position).
  *  1. before griddepcontrol.wait: the first group of keys of each warp (rows < *pos, written by
  *     earlier steps) is loaded into registers; the q/k norm weights and the RoPE row of *pos
- *     are loaded. With STRATA_ATTN_PF=n > 0 the walk also asks L2 for the rows n ahead (8 was
- *     the default until run 48, which measured none 1% faster at 32k now the walk is lighter);
+ *     are loaded (no L2 prefetch of the rows ahead: run 47 at 32k, none 358.7 tok/s against
+ *     354.5 for 8 rows ahead, 342.8 for 16);
  *  2. after it, the prep, a warp per head in registers (one 16-byte load per lane): q/k RMSNorm +
  *     RoPE of the G query heads sharing this KV head (every block, from qkv), and in the block
  *     whose chunk holds *pos the new K/V row to the cache;
@@ -130,7 +130,7 @@ static __device__ __forceinline__ void attend_range(const float (&qv)[G][8], con
  *     maxima and sums in base 2, the group's scores summed by one reduce-scatter, the max moved
  *     lazily (run 43: the walk at 32k went from ~65 to ~38 us per layer, 3.5 TB/s); the block's
  *     8 warps merge in shared memory into a partial (acc, max, sum);
- *     A split holds at least min_chunk keys: short contexts run in one block per KV head,
+ *     A split holds at least DEC_MIN_CHUNK keys: short contexts run in one block per KV head,
  *     which writes the gated output itself (no partials, no counter);
  *  4. the partials merge in a two-level tree through last-block counters (always left at zero):
  *     the last block of each group of DEC_GROUP splits merges that group into its first slot;
@@ -138,6 +138,7 @@ static __device__ __forceinline__ void attend_range(const float (&qv)[G][8], con
  * Bytes: 4 nKV (pos + 1) hd of K/V + ~8 nH nact hd of partials; FLOPs: ~4 nH (pos + 1) hd. */
 #define DEC_U 2               /* keys per group (more spills at 2 blocks/SM) */
 #define DEC_GROUP 16          /* splits per first-level merge; nsplit <= DEC_GROUP^2 */
+#define DEC_MIN_CHUNK 32      /* keys per split at least (64 or 128: no change at 32k, run 42) */
 #define DEC_TH 8.0f           /* lazy max: rescale when a score passes the max by this (base 2) */
 #define LOG2E_F 1.4426950408889634f
 #define DEC_COUNTERS 64       /* this file's last-block counters: cu->counters[64 ..) */
@@ -292,7 +293,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS *WARP_SIZE, 2)
 attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qkv,
                    const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
                    uint16_t *v_cache, const uint16_t *rope_cos, const uint16_t *rope_sin,
-                   const int32_t *pos, int nsplit, int min_chunk, int short_max, int pf, int hd, int rot,
+                   const int32_t *pos, int nsplit, int short_max, int hd, int rot,
                    int max_ctx, float scale, float eps, unsigned long long *tr) {
     extern __shared__ float sm[];
     float *wsm = sm;                                   /* (ATTN_WARPS, G, hd + 2) warp partials */
@@ -312,7 +313,7 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
         return;
     }
     int chunk = (n + nsplit - 1) / nsplit;
-    if (chunk < min_chunk) chunk = min_chunk;
+    if (chunk < DEC_MIN_CHUNK) chunk = DEC_MIN_CHUNK;
     const int nact = (n + chunk - 1) / chunk;
     if (split >= nact) return; /* whole block: no keys here at this position */
     const int start = split * chunk, end = min(n, start + chunk);
@@ -327,7 +328,6 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
      * norm weights and this position's RoPE row */
     uint4 kk[DEC_U], vv[DEC_U];
     load_first_rows<DEC_U>(kc, vc, hd, a, b, p, on, kk, vv);
-    if (pf > 0) prefetch_rows(kc, vc, hd, a + DEC_U, min(b, a + DEC_U + pf));
     const bool owner = p < max_ctx && split == p / chunk; /* model.c stops at a full context */
     const int pr = min(p, max_ctx - 1);                   /* RoPE row (never past the table) */
     const prep_words pw = load_prep_words(q_norm, k_norm, rope_cos, rope_sin, pr, rot, on, owner);
@@ -399,7 +399,6 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
             }
         }
         const int jn = j + DEC_U;
-        if (pf > 0) prefetch_rows(kc, vc, hd, jn + pf, min(b, jn + pf + DEC_U));
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) { /* next group's keys while these scores reduce */
             const bool ok = on && jn + u < b;
@@ -744,7 +743,7 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
                   sizeof(float);
     void (*kern)(uint16_t *, float *, int *, const uint16_t *, const uint16_t *, const uint16_t *,
                  uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, const int32_t *, int,
-                 int, int, int, int, int, int, float, float, unsigned long long *) = attn_decode_kernel<G>;
+                 int, int, int, int, float, float, unsigned long long *) = attn_decode_kernel<G>;
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     /* splits: as many as the resident blocks fill (every split of every KV head in one wave),
      * at most the partial buffer's attn_splits and DEC_GROUP^2 (the merge tree's reach) */
@@ -766,7 +765,7 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
     gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
                cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,
                k_cache, v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin,
-               pos, ns, cu->attn_min_chunk, cu->attn_short, cu->attn_pf, hd, c->rotary_dim,
+               pos, ns, cu->attn_short, hd, c->rotary_dim,
                max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * ns));
     cu->n_launches++;
 }

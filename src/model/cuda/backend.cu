@@ -251,6 +251,15 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
     return 1;
 }
 
+extern "C" void backend_cuda_test_knobs(struct backend *be, const struct cuda_test_knobs *k) {
+    struct cuda *cu = cuda_of(be);
+    CHECK(cu->n_graphs == 0);
+    if (k->gemv_shape >= -1) cu->gemv_shape = k->gemv_shape < CUDA_GEMV_SHAPES ? k->gemv_shape : -1;
+    if (k->gemv_tail >= -1) cu->gemv_tail = k->gemv_tail > 0 ? k->gemv_tail : 0;
+    if (k->gemv_tail_min >= -1) cu->gemv_tail_min = k->gemv_tail_min > 1 ? k->gemv_tail_min : 1;
+    if (k->attn_short >= -1) cu->attn_short = k->attn_short > 0 ? k->attn_short : 0;
+}
+
 extern "C" size_t backend_cuda_scratch_bytes(struct backend *be) {
     return cuda_of(be)->scratch_bytes;
 }
@@ -519,12 +528,14 @@ static int early_rounds_pay(struct cuda *cu, long pairs, long early, int K) {
     return (early + g - 1) / g < (pairs + g - 1) / g;
 }
 
-/* Whether the decode qkv GEMV should start the short attention early (STRATA_ATTN_EARLY,
- * default on): that kernel in this graph, hd / 2 a power of two, and the pairs other than the
- * gates' (k, v, then q first) early enough (early_rounds_pay). */
+/* Whether the decode qkv GEMV should start the short attention early (with the DeltaNet step's
+ * early start, runs 78 and 83: 4B +1.0%, 9B +0.2%; where the rows after the inputs stream less
+ * than 16 MiB, 0.8B and 2B, both lost, run 81): that kernel in this graph, hd / 2 a power of
+ * two, and the pairs other than the gates' (k, v, then q first) early enough
+ * (early_rounds_pay). */
 static int attn_early_pays(struct cuda *cu, const struct config *c) {
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
-    if (!cu->attn_early || (cu->skip & 2) || cu->attn_short <= 0 || cu->attn_mode == 1) return 0;
+    if ((cu->skip & 2) || cu->attn_short <= 0 || cu->attn_mode == 1) return 0;
     if (hd % 4 || ((hd / 2) & (hd / 2 - 1))) return 0;
     const long pairs = (long)nH * hd + (long)nKV * hd, early = (long)nKV * hd + (long)nH * hd / 2;
     return early_rounds_pay(cu, pairs, early, c->hidden_size);
@@ -564,11 +575,11 @@ static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const
 }
 
 
-/* Whether the decode in_proj should start the step early (STRATA_GDN_EARLY, default on): its
- * pairs other than z's (b, a, q, k, v first) early enough (early_rounds_pay). */
+/* Whether the decode in_proj should start the step early (see attn_early_pays: runs 78, 81,
+ * 83): its pairs other than z's (b, a, q, k, v first) early enough (early_rounds_pay). */
 static int early_pays(struct cuda *cu, const struct config *c) {
     const int conv_dim = c->conv_dim, value_dim = c->value_dim, Hv = c->linear_num_value_heads;
-    if (!cu->gdn_early || (cu->skip & 1) || conv_dim % 2 || value_dim % 2) return 0;
+    if ((cu->skip & 1) || conv_dim % 2 || value_dim % 2) return 0;
     const long pairs = (conv_dim + value_dim + 2L * Hv) / 2, early = Hv + conv_dim / 2;
     return early_rounds_pay(cu, pairs, early, c->hidden_size);
 }
@@ -709,20 +720,11 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     be->impl = cu;
     gpu_get_info(&cu->info);
     gpu_stream_create(&cu->stream);
-    /* measuring switches (README "CUDA notes"); a malformed value is reported and ignored */
+    /* the profiling switches (bench/README.md); a malformed value is reported and ignored */
     cu->pdl = env_int("STRATA_PDL", 1, 0, 1);
-    cu->gemv_persist = env_int("STRATA_GEMV_PERSIST", 1, 0, 1);
-    cu->gemv_pf_items = env_int("STRATA_GEMV_PF", 1, -1, 1 << 20);
-    cu->gemv_nw_pre = env_int("STRATA_GEMV_NWPRE", 1, 0, 1);
-    cu->gemv_shape = env_int("STRATA_GEMV_SHAPE", -1, -1, CUDA_GEMV_SHAPES - 1);
-    cu->gemv_narrow = env_int("STRATA_GEMV_NARROW", 10, -1, CUDA_GEMV_SHAPES - 1);
-    cu->gemv_narrow_mask = env_int("STRATA_GEMV_NARROW_MASK", 3, 0, 3);
-    cu->gdn_early = env_int("STRATA_GDN_EARLY", 1, 0, 1);
-    cu->attn_early = env_int("STRATA_ATTN_EARLY", 1, 0, 1);
-    cu->gemv_model = env_int("STRATA_GEMV_MODEL", 1, 0, 1);
-    cu->gemv_tail = env_int("STRATA_GEMV_TAIL", 4, 0, 64);
-    cu->gemv_tail_min = env_int("STRATA_GEMV_TAIL_MIN", 8, 1, 1 << 20);
-    cu->gemv_pre = env_int("STRATA_GEMV_PRE", 2, 0, 2);
+    cu->gemv_shape = -1; /* chosen per GEMV */
+    cu->gemv_tail = 4;    /* run 85: R = 4 from 8 rounds (the lm_head); 2 and 8 gained less */
+    cu->gemv_tail_min = 8;
     cu->gemv_wide = cuda_gemv_wide_shape(H);
     if (env_int("STRATA_TRACE", 0, 0, 1)) {
         cu->trace = (unsigned long long *)dev_alloc(cu, (size_t)CUDA_TRACE_JOBS * CUDA_TRACE_STRIDE * 8,
@@ -730,14 +732,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
         cu->ktrace = (unsigned long long *)dev_alloc(
             cu, (size_t)CUDA_KTRACE_JOBS * CUDA_KTRACE_STRIDE * 8, "the trace buffer");
     }
-    cu->gdn_lpc = env_int("STRATA_GDN_LPC", 0, 0, 8); /* 0: by the model (gdn.cu) */
-    if (cu->gdn_lpc && cu->gdn_lpc != 4 && cu->gdn_lpc != 8) {
-        fprintf(stderr, "strata: ignoring STRATA_GDN_LPC=%d: expected 4 or 8\n", cu->gdn_lpc);
-        cu->gdn_lpc = 0;
-    }
-    cu->attn_min_chunk = env_int("STRATA_ATTN_CHUNK", 32, 1, 1 << 20);
-    cu->attn_pf = env_int("STRATA_ATTN_PF", 0, 0, 1 << 10);
-    cu->attn_short = env_int("STRATA_ATTN_SHORT", 512, 0, 1 << 16);
+    cu->attn_short = 512; /* run 40: 512 and 1,024 alike at 301-350 tokens, 256 4% slower */
     cu->attn_mode = -1;
     cu->skip = env_int("STRATA_SKIP_DECODE", 0, 0, 3); /* timing only: 1 gdn step, 2 attention */
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);

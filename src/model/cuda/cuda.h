@@ -9,9 +9,21 @@
 
 #include "model/backend.h"
 
-/* Decode GEMV shapes (threads per row pair, words per item, pipeline depth) that
- * STRATA_GEMV_SHAPE=0 .. CUDA_GEMV_SHAPES-1 can force (matmul.cu's table; test_cuda checks each). */
+/* Decode GEMV shapes (threads per row pair, words per item, pipeline depth) in matmul.cu's
+ * table, from which the launcher picks per GEMV (test_cuda forces and checks each). */
 #define CUDA_GEMV_SHAPES 12
+
+/* Paths the tests force that the launchers would pick only for other shapes or positions. Set
+ * right after backend_cuda_create, before any op; a field < -1 leaves the default. */
+struct cuda_test_knobs {
+    int gemv_shape;     /* 0 .. CUDA_GEMV_SHAPES-1: every decode GEMV in that shape; -1: picked */
+    int gemv_tail;      /* the dynamic tail's rounds R (default 4; 0: off) ... */
+    int gemv_tail_min;  /* ... in plain GEMVs of at least this many rounds (default 8) */
+    int attn_short;     /* decode attention by a block per query head up to this many keys
+                           (default 512; 0: split-KV always) */
+};
+#define CUDA_TEST_KNOBS_DEFAULT {-2, -2, -2, -2}
+void backend_cuda_test_knobs(struct backend *be, const struct cuda_test_knobs *k);
 
 /* Kernels and cuBLAS calls issued so far (a graph replay counts once per captured node). */
 long backend_cuda_launches(struct backend *be);

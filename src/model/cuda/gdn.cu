@@ -397,12 +397,9 @@ static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf,
 /* Lanes per state column: 8 (16 columns per block) while those blocks fit one per SM, else 4
  * (32 columns per block, half the blocks): blocks beyond one per SM start only as the in_proj
  * GEMV's blocks leave, and their late start was the step's critical path (run 4: the 4B step
- * 5.7 -> 2.2 us, tg128 +2.5%; the 0.8B, 128 blocks, lost 1.3% with 4). STRATA_GDN_LPC=4|8
- * forces one. */
+ * 5.7 -> 2.2 us, tg128 +2.5%; the 0.8B, 128 blocks, lost 1.3% with 4). */
 static int step_lpc(const struct cuda *cu, const struct config *c) {
-    const int lpc = cu->gdn_lpc ? cu->gdn_lpc
-                  : (long)c->linear_num_value_heads * c->linear_value_head_dim / 16 <= cu->info.n_sm ? 8 : 4;
-    return lpc == 4 ? 4 : 8;
+    return (long)c->linear_num_value_heads * c->linear_value_head_dim / 16 <= cu->info.n_sm ? 8 : 4;
 }
 template <int DK>
 static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,

@@ -44,9 +44,6 @@ struct cuda_gemv_job {
     uint16_t *out;
     const uint16_t *x, *norm_w, *W;
     int N, K, accumulate, swiglu, tpr;
-    int pf_items;              /* items past the first D asked into L2 before the wait (-1: rows) */
-    int pre_issue;             /* when the ring's last item is issued (STRATA_GEMV_PRE, gemv_run) */
-    int nw_pre;                /* the RMSNorm weights loaded before the wait (STRATA_GEMV_NWPRE) */
     struct cuda_early early;   /* cuda_gemv_early's order and count (early.cnt NULL: none) */
     const float *gsz;          /* gated DeltaNet norm of x (cuda_gemv_gated): silu(z), or NULL */
     const float *gnorm_w;      /* its weights (dv,) */
@@ -87,20 +84,11 @@ struct cuda {
     size_t stage_off;
     long n_launches;          /* kernels + cuBLAS calls issued (counts what a graph records) */
     int pdl;                  /* decode kernels use programmatic dependent launch (STRATA_PDL=0: off) */
-    int gemv_persist;         /* GEMV grid capped at the resident blocks (STRATA_GEMV_PERSIST=0: one
-                                 row group per block) */
     struct cuda_prof prof;
-    int gemv_pf_items;        /* STRATA_GEMV_PF: see cuda_gemv_job.pf_items (default 1) */
-    int gemv_nw_pre;          /* STRATA_GEMV_NWPRE: see cuda_gemv_job.nw_pre (default 1) */
-    int gemv_shape;           /* STRATA_GEMV_SHAPE=i forces GEMV shape i (-1: chosen per GEMV) */
-    int gemv_model;           /* STRATA_GEMV_MODEL=0: every GEMV shape by the round model */
-    int gemv_narrow;          /* STRATA_GEMV_NARROW: see launch_gemv (-1: off) */
-    int gemv_narrow_mask;     /* STRATA_GEMV_NARROW_MASK: which GEMVs take it */
-    int gemv_tail;            /* STRATA_GEMV_TAIL=R (default 4): the last R rounds of a long plain
-                                 GEMV taken from a counter (0: off); STRATA_GEMV_TAIL_MIN (default
-                                 8): from this many rounds (launch_gemv) */
-    int gemv_tail_min;
-    int gemv_pre;             /* STRATA_GEMV_PRE: see cuda_gemv_job.pre_issue (default 2) */
+    /* paths the tests force (backend_cuda_test_knobs; defaults in backend_cuda_create) */
+    int gemv_shape;           /* forces GEMV shape i (-1: chosen per GEMV, gemv_pick) */
+    int gemv_tail;            /* the last R rounds of a long plain GEMV taken from a counter (4) */
+    int gemv_tail_min;        /* ... from this many rounds (8) (launch_gemv) */
     int gemv_wide;            /* the shape of the GEMVs with many rows (cuda_gemv_wide_shape) */
     unsigned long long *trace; /* STRATA_TRACE=1: GEMV timestamps of the last decode step */
     int trace_n;               /* GEMV jobs traced since the last reset */
@@ -124,12 +112,8 @@ struct cuda {
     uint16_t *attn_q;  /* (max_T, nH, hd) normalised, rotated queries */
     float *attn_part;  /* (nH, attn_splits, hd + 2) split-KV partials: acc, max, sum */
     int attn_splits;
-    int gdn_lpc;        /* decode DeltaNet step: lanes per state column (STRATA_GDN_LPC=8|4; 0:
-                           chosen from the model, gdn.cu) */
-    int attn_pf;        /* decode: rows ahead the split walk asks L2 for (STRATA_ATTN_PF, 0: none) */
-    int attn_min_chunk; /* decode: keys per split at least (STRATA_ATTN_CHUNK, default 32) */
-    int attn_short;     /* decode: a block per query head up to this many keys (STRATA_ATTN_SHORT,
-                           default 512; 0: split-KV always) */
+    int attn_short;     /* decode: a block per query head up to this many keys (512, run 40;
+                           0: split-KV always; backend_cuda_test_knobs) */
     int attn_mode;      /* decode attention kernels to launch: 0 short, 1 split, -1 both
                            (op_graph_variant sets it for one step) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
@@ -145,10 +129,6 @@ struct cuda {
                           GEMV's blocks with their early pairs written and the mixer's of its
                           blocks done (cuda_gemv_early; both back at zero after each step) */
     const void *early_key[CUDA_EARLY_SLOTS]; /* the layer of each pair: its conv state / K cache */
-    int gdn_early;     /* STRATA_GDN_EARLY (default 1): the step starts once the in_proj's b, a,
-                          q, k, v rows are written (0: after the whole in_proj) */
-    int attn_early;    /* STRATA_ATTN_EARLY (default 1): the short attention starts once the
-                          qkv GEMV's k, v, q rows are written (0: after the whole GEMV) */
     int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [8, 9]
                           the GEMV tail (cuda_gemv_job.tail_ctr), [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */

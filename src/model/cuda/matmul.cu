@@ -33,17 +33,18 @@ static __device__ __forceinline__ void gemv_rows(int p, int N, int &r0, int &r1,
  * The residual rows of an accumulating GEMV are read when the loads of their last chunk are
  * issued, not in the epilogue, so that read is off the critical path.
  * Programmatic dependent launch: weights do not depend on the previous kernel, so items
- * 0 .. D-1 are loaded and the next pf_items items of those rows requested into L2 before
+ * 0 .. D-1 are loaded and the next item of those rows requested into L2 before
  * grid_dependency_wait() (whole rows flood L2 and delay the reads of x behind them when a
- * block has one long row pair); the block lets the next kernel start its blocks at once.
- * After the wait, item D goes out as soon as x has arrived (STRATA_GEMV_PRE), so the staging's
- * arithmetic and barriers do not leave the block without loads in flight.
+ * block has one long row pair: run 15, 9B +5%; none instead of one item changed nothing, run
+ * 35); the block lets the next kernel start its blocks at once. After the wait, item D goes out
+ * as soon as x has arrived (see pre_issue), so the staging's arithmetic and barriers do not
+ * leave the block without loads in flight.
  * Bytes: 2 N K weights (4 I K for SwiGLU) + 2 K x per block + 2 N out (x2 with accumulate);
  * FLOPs: 2 N K (+ ~4 K per block for the norm). */
 /* the kernel's mode (GATED: cuda_gemv_gated; EARLY: plain, for cuda_gemv_early) */
 enum { GEMV_PLAIN, GEMV_SWIGLU, GEMV_GATED, GEMV_EARLY };
 
-/* TAIL (gemv_tail_kernel, STRATA_GEMV_TAIL): the row pairs below job.tail_start (whole rounds,
+/* TAIL (gemv_tail_kernel): the row pairs below job.tail_start (whole rounds,
  * at least two) go by the grid stride as above, the rest one at a time from a counter, so the
  * warps that stream faster take more of the last rounds (the last-block tails: 4B's lm_head's
  * last block ended 13 us after the mean one, run 83). Lane 0 asks for the next pair when its
@@ -170,7 +171,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
         bool has1;
         rows_of(pb + g, r0, r1, has1);
         const char *c0 = (const char *)(W + (size_t)r0 * K), *c1 = (const char *)(W + (size_t)r1 * K);
-        const int lim = job.pf_items < 0 ? K * 2 : min(K * 2, 16 * (D + job.pf_items) * STEP);
+        const int lim = min(K * 2, 16 * (D + 1) * STEP);
         for (int off = 16 * D * STEP + l * 128; off < lim; off += TPR * 128) {
             prefetch_l2(c0 + off);
             prefetch_l2(c1 + off);
@@ -181,18 +182,18 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
             ((float4 *)(xs + K8))[i] = ((const float4 *)job.gnorm_w)[i];
     /* the RMSNorm's weights (the first two words of each thread) into registers: they do not
      * depend on the previous kernel, and streaming evicts them from L2, so after the wait they
-     * would be a DRAM round trip beside x's L2 one */
+     * would be a DRAM round trip beside x's L2 one (run 51: 4B +0.6%, 0.8B +2.4%) */
     uint4 Wpre[2] = {};
-    const bool nw_pre = !GATED && norm_w && job.nw_pre;
+    const bool nw_pre = !GATED && norm_w;
     if (nw_pre)
 #pragma unroll
         for (int q = 0; q < 2; q++)
             if (threadIdx.x + q * GEMV_THREADS < K8) Wpre[q] = ((const uint4 *)norm_w)[threadIdx.x + q * GEMV_THREADS];
-    /* STRATA_GEMV_PRE (default 2): item D (the ring's last slot) is issued during staging, once
-     * x's loads have returned (1: by normalising GEMVs, after the norm's first pass; 2: also by
-     * the others, before the staging barrier) instead of in the main loop's first iteration, so
-     * its round trip overlaps the norm's arithmetic and the barriers. Issued before x's loads, it
-     * delayed them (run 52: -4%); after them, run 99: 4B +2.3%, 0.8B +4.5%. TAIL: this cannot be
+    /* Item D (the ring's last slot) is issued during staging, once x's loads have returned (by a
+     * normalising GEMV after the norm's first pass, by the others before the staging barrier)
+     * instead of in the main loop's first iteration, so its round trip overlaps the norm's
+     * arithmetic and the barriers. Issued before x's loads, it delayed them (run 52: -4%); after
+     * them, run 99: 4B +2.3%, 0.8B +4.5%. TAIL: this cannot be
      * a group's last grab (at least two rounds are static), so s_done is not touched before the
      * staging barrier. */
     bool pre = false;
@@ -258,7 +259,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                 }
             }
         }
-        if (job.pre_issue) pre_issue();
+        pre_issue();
         ss = warp_sum(ss);
         if (lane == 0) red[wid][0] = ss;
         __syncthreads();
@@ -328,7 +329,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
                 if (i0 + q * GEMV_THREADS < K8) xs[i0 + q * GEMV_THREADS] = X[q];
         }
     }
-    if (job.pre_issue == 2 && !pre) pre_issue();
+    if (!pre) pre_issue();
     __syncthreads();
     if (tr) tr[2] = gpu_time_ns();
 
@@ -436,8 +437,8 @@ gemv_kernel(struct cuda_gemv_job job, float eps) {
 
 /* The plain and EARLY modes held to 104 registers where the ring (U (D + 1) 16-byte words of
  * two rows) is at most 8 words: the DeltaNet step's block (128 x 96) must fit beside two blocks
- * of the wide shape (backend_cuda_residency; it follows the EARLY in_proj, or a plain one with
- * STRATA_GDN_EARLY=0). Uncapped, the pre-issue took the plain mode from 104 to 106 registers;
+ * of the wide shape (backend_cuda_residency; it follows the EARLY in_proj, or a plain one where
+ * the step does not start early). Uncapped, the pre-issue took the plain mode from 104 to 106 registers;
  * capped, 96. */
 template <int TPR, int U, int D, int MODE>
 static __global__ void GPU_MAXNREG(U *(D + 1) <= 8 ? 104 : 128)
@@ -490,6 +491,7 @@ static const struct gemv_shape gemv_shapes[] = {
     GEMV_SHAPE(64, 5, 1),  GEMV_SHAPE(32, 5, 1),  GEMV_SHAPE(64, 2, 1), GEMV_SHAPE(32, 2, 1),
 };
 #define N_GEMV_SHAPES (int)(sizeof gemv_shapes / sizeof gemv_shapes[0])
+#define GEMV_NARROW 10 /* (64, 2, 1): the lean shape of launch_gemv (run 61) */
 static_assert(sizeof gemv_shapes / sizeof gemv_shapes[0] == CUDA_GEMV_SHAPES, "cuda.h's count");
 
 /* Resident blocks per SM of a GEMV kernel with this much dynamic shared memory. */
@@ -520,17 +522,16 @@ static double gemv_cost_rounds(const struct gemv_shape *sh, long pairs, long K8,
  * warps with U = 4, D = 1 stream fastest (no block-wide reduction per item; whole-block groups
  * were 5-15% slower on the 4B / 9B projections and the 9B lm_head), and one shape for all of a
  * model's such GEMVs beat a choice per GEMV (switching kernels lengthened the gaps between
- * them): cu->gemv_wide, see cuda_gemv_wide_shape. With fewer rows, warp groups would leave
- * warps idle: groups of 128-256 threads split K instead, by the round model.
- * STRATA_GEMV_MODEL=0: the round model over every shape (the choice up to run 34);
- * STRATA_GEMV_SHAPE=i forces shape i. */
+ * them; run 38 against the round model over every shape: 0.8B +1.9%, 4B +0.6%, 9B +0.5%):
+ * cu->gemv_wide, see cuda_gemv_wide_shape. With fewer rows, warp groups would leave warps idle:
+ * groups of 128-256 threads split K instead, by the round model (every shape when none of those
+ * applies). cu->gemv_shape >= 0 (the tests) forces a shape. */
 static int gemv_pick(struct cuda *cu, long pairs, long K8, long cap) {
     if (cu->gemv_shape >= 0 && cu->gemv_shape < N_GEMV_SHAPES) return cu->gemv_shape;
-    if (cu->gemv_model != 0 && pairs >= (long)(GEMV_THREADS / WARP_SIZE / 2) * cap)
-        return cu->gemv_wide;
+    if (pairs >= (long)(GEMV_THREADS / WARP_SIZE / 2) * cap) return cu->gemv_wide;
     int best = -1;
     double best_c = 1e29;
-    for (int pass = cu->gemv_model != 0 ? 0 : 1; pass < 2 && best < 0; pass++)
+    for (int pass = 0; pass < 2 && best < 0; pass++)
         for (int i = 0; i < N_GEMV_SHAPES; i++) { /* pass 1: every shape (rows too short) */
             if (pass == 0 && gemv_shapes[i].tpr < 4 * WARP_SIZE) continue;
             double c = gemv_cost_rounds(&gemv_shapes[i], pairs, K8, cap);
@@ -584,8 +585,8 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
      * also for the leaner shapes, whose spare registers then let the next kernel start early */
     long cap = (long)cu->info.n_sm * resident(gemv_shapes[3].plain, smem);
     const struct gemv_shape *sh = &gemv_shapes[gemv_pick(cu, pairs, K / 8, cap)];
-    /* The dynamic tail (gemv_run's TAIL; STRATA_GEMV_TAIL=R, default 4, 0: off): a plain GEMV
-     * of at least STRATA_GEMV_TAIL_MIN rounds of one-warp groups (default 8: the lm_head, ~59)
+    /* The dynamic tail (gemv_run's TAIL; cu->gemv_tail = R, 4): a plain GEMV of at least
+     * cu->gemv_tail_min rounds of one-warp groups (8: the lm_head, ~59)
      * runs that shape (U = 4, D = 1) with its last R rounds from the counter. Run 84: the 4B
      * lm_head's last block ended 6 us after the mean one instead of 16 (R = 2); run 85, tg128:
      * 4B +0.45%, 0.8B +0.4% (R = 4; 2 and 8 gained less), 9B +0.3% (whose two-warp lm_head
@@ -593,7 +594,7 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
     bool tail = false;
     long tail_start = 0;
     if (cu->gemv_tail > 0 && cu->gemv_shape < 0 && !job.swiglu && !job.gnorm_w && !job.early.cnt &&
-        !job.accumulate && cu->gemv_persist) {
+        !job.accumulate) {
         const long g0 = GEMV_THREADS / WARP_SIZE, stride = min(cap, (pairs + g0 - 1) / g0) * g0;
         const long rounds = (pairs + stride - 1) / stride;
         if (rounds >= cu->gemv_tail_min && rounds >= cu->gemv_tail + 2) {
@@ -602,23 +603,21 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
             tail_start = (rounds - cu->gemv_tail) * stride;
         }
     }
-    /* The lean U = 2 shape (STRATA_GEMV_NARROW, default 10 = (64, 2, 1): 74 registers plain,
-     * 64 SwiGLU, so 3 or 4 blocks per SM) on a grid of what it keeps resident, in place of the
-     * wide shape, where run 61 measured it faster (STRATA_GEMV_NARROW_MASK, default 3):
-     * 1: the plain GEMVs whose pairs fit one round of its grid's groups (4B's down and o_proj:
-     *    4B +1.6%; 9B's, 1.3 of its rounds against 1.9 of the wide shape's, lost 3.7%);
-     * 2: the SwiGLU GEMVs whose rows are longer than one of its items (K > 1024: 4B's and 9B's
-     *    gate/up, +1.3% and +1.1%; 0.8B's K = 1024, one item a row, -0.9%).
+    /* The lean U = 2 shape (GEMV_NARROW = (64, 2, 1): 74 registers plain, 64 SwiGLU, so 3 or 4
+     * blocks per SM) on a grid of what it keeps resident, in place of the wide shape, where run
+     * 61 measured it faster:
+     * - the plain GEMVs whose pairs fit one round of its grid's groups (4B's down and o_proj:
+     *   4B +1.6%; 9B's, 1.3 of its rounds against 1.9 of the wide shape's, lost 3.7%);
+     * - the SwiGLU GEMVs whose rows are longer than one of its items (K > 1024: 4B's and 9B's
+     *   gate/up, +1.3% and +1.1%; 0.8B's K = 1024, one item a row, -0.9%).
      * Not the wider plain GEMVs (in_proj, qkv, lm_head: 4B -1.7%) nor the gated out_proj
      * (108 registers in that mode; bounded to 3 blocks per SM, 79 and spilling: run 62, -1.8%). */
     const long round = (long)(GEMV_THREADS / WARP_SIZE) * cap;
-    if (!tail && cu->gemv_narrow >= 0 && cu->gemv_shape < 0 && cu->gemv_model != 0 && !job.gnorm_w &&
-        pairs >= round / 2) {
-        const struct gemv_shape *nw = &gemv_shapes[cu->gemv_narrow];
+    if (!tail && cu->gemv_shape < 0 && !job.gnorm_w && pairs >= round / 2) {
+        const struct gemv_shape *nw = &gemv_shapes[GEMV_NARROW];
         const long ncap = (long)cu->info.n_sm * resident(job.swiglu ? nw->swiglu : nw->plain, smem);
-        const int cls = job.swiglu ? (K > nw->tpr * nw->u * 8 ? 2 : 0)
-                                   : pairs <= ncap * (GEMV_THREADS / nw->tpr) ? 1 : 0;
-        if (cu->gemv_narrow_mask & cls) sh = nw, cap = ncap;
+        const bool lean = job.swiglu ? K > nw->tpr * nw->u * 8 : pairs <= ncap * (GEMV_THREADS / nw->tpr);
+        if (lean) sh = nw, cap = ncap;
     }
     gemv_fn kern = job.swiglu ? sh->swiglu : job.gnorm_w ? sh->gated : job.early.cnt ? sh->early : sh->plain;
     if (tail) {
@@ -628,12 +627,9 @@ static long launch_gemv(struct cuda *cu, struct cuda_gemv_job job, float eps, in
     }
     if (tpr) *tpr = sh->tpr;
     long groups = GEMV_THREADS / sh->tpr, blocks = (pairs + groups - 1) / groups;
-    if (cu->gemv_persist && blocks > cap) blocks = cap;
+    if (blocks > cap) blocks = cap; /* persistent (run 4: one row group per block, 0.8B -3%, 4B -6%) */
     if (dry) return blocks * groups;
     job.tpr = sh->tpr;
-    job.pf_items = cu->gemv_pf_items;
-    job.nw_pre = cu->gemv_nw_pre;
-    job.pre_issue = cu->gemv_pre;
     job.trace = trace_slot(cu, &job, (int)blocks);
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(GEMV_THREADS), smem, cu->stream, job, eps);
