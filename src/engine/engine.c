@@ -61,7 +61,7 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
     }
     e->logits = xmalloc((size_t)e->vocab_size * sizeof *e->logits);
     e->prefix_reuse = 1;
-    e->run_ahead = model_async(m) && env_int("STRATA_RUN_AHEAD", 1, 0, 1);
+    e->run_ahead = model_async(m);
     e->cap_hist = model_ctx(m);
     e->hist = xmalloc((size_t)e->cap_hist * sizeof *e->hist);
     if (tok) {

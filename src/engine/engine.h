@@ -89,11 +89,11 @@ struct model *engine_model(struct engine *e);
  * extends the last request), only the new tail is prefilled. The recurrent DeltaNet state cannot
  * be rewound, so any other prompt starts from a reset. Off: every request starts from a reset. */
 void engine_set_prefix_reuse(struct engine *e, int on);
-/* Run ahead (default: on where model_async): each token's feeding step is queued before its text
- * is handled, so that host work overlaps the device's; greedy requests without penalties feed
- * each choice on the device before the host reads it (model_step_greedy). The tokens and text
- * are the same either way; a request ended by a stop string or the client (or, greedy, by an EOS
- * token) leaves that last token in the state. */
+/* Run ahead (default: on where model_async, the GPU): each token's feeding step is queued
+ * before its text is handled, so that host work overlaps the device's; greedy requests without
+ * penalties feed each choice on the device before the host reads it (model_step_greedy). The
+ * tokens and text are the same either way (test_engine runs both on the CPU); a request ended by
+ * a stop string or the client (or, greedy, by an EOS token) leaves that last token in the state. */
 void engine_set_run_ahead(struct engine *e, int on);
 int engine_n_eos(const struct engine *e, const int32_t **ids);
 

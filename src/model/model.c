@@ -61,7 +61,6 @@ struct model {
     int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
                          argmax also advanced pos_dev[0] to pos */
     int64_t n_posts;  /* steps run: each posts its choice */
-    int device_choice; /* model_step_greedy keeps the choice on the device (STRATA_DEVICE_CHOICE) */
     const char *prefix;
 };
 
@@ -360,7 +359,6 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     /* the position, then the ids: a call uploads both in one copy */
     m->pos_dev = be->ops->alloc(be, (size_t)(T + 1) * sizeof(int32_t));
     m->ids = m->pos_dev + 1;
-    m->device_choice = env_int("STRATA_DEVICE_CHOICE", 1, 0, 1);
     free(ld.seen);
     safetensors_close(&m->st); /* every weight is on the backend now */
     memset(&m->st, 0, sizeof m->st);
@@ -533,7 +531,7 @@ int model_step(struct model *m, int32_t token) {
 int32_t model_step_greedy(struct model *m) {
     struct backend *be = m->be;
     if (m->pos >= m->ctx) return -1;
-    if (!m->device_choice || !m->posted) { /* the host reads the choice first */
+    if (!m->posted) { /* no step posted a choice yet (after a prefill): the host reads it */
         int32_t id = model_argmax(m);
         return model_step(m, id) == 0 ? id : -1;
     }

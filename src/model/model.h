@@ -53,8 +53,8 @@ int model_step(struct model *m, int32_t token);
 /* Greedy decoding with the choice kept on the device: feeds the greedy choice of the current
  * logits and returns it (-1 if the context is full). After a step, that choice is already on the
  * device: this step is queued behind it before the host has read it, so on a device backend the
- * host never stands between two steps (the same tokens as model_argmax + model_step; the env
- * STRATA_DEVICE_CHOICE=0 takes that path). */
+ * host never stands between two steps (the same tokens as model_argmax + model_step, which it
+ * runs after a prefill; run 77: 4B +0.6%, 0.8B +2.6% against reading each choice back). */
 int32_t model_step_greedy(struct model *m);
 
 /* Greedy choice over the current logits (on the backend). */
