@@ -8,7 +8,7 @@
 # so the full --short bench runs and its tg128 line is kept).
 #
 #   git archive HEAD~1 src Makefile -o .carry/base.tar
-#   SIZES="4b 9b" VARIANTS=$'-\nSTRATA_GEMV_PF=-1' BASE_TAR=.carry/base.tar scripts/gpu-ab.sh
+#   SIZES="4b 9b" VARIANTS=$'-\nSTRATA_PDL=0' BASE_TAR=.carry/base.tar scripts/gpu-ab.sh
 #   (device call with carry [".deps/prefix.tar.xz", ".carry/base.tar"])
 # STRATA_TRACE=1 as a variant prints the GEMV timeline of one decode step (whole output, with the
 # DeltaNet / attention phase table, appended to $OUT/trace.txt). AB_ARGS replaces the variants'

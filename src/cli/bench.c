@@ -1,11 +1,10 @@
 /* bench.c - `strata bench --model DIR`: llama-bench style measurements of one model on one
  * backend. Prefill pp512 (tokens/s), decode tg128 (tokens/s, each step = one graph replay fed
  * the previous step's greedy choice on the device, the host reading each choice meanwhile, as
- * the server's greedy requests run; STRATA_DEVICE_CHOICE=0: read, then uploaded), engine
- * time-to-first-token for a 54-token prompt, decode speed in 50-token windows up to 350 tokens
- * and at 8k and 32k tokens of context, weight bytes read per decode token against the measured
- * copy bandwidth, kernel launches per decode step and per prefill, and the per-op time of one
- * decode step. Random token ids (seeded): speed does not
+ * the server's greedy requests run), engine time-to-first-token for a 54-token prompt, decode
+ * speed in 50-token windows up to 350 tokens and at 8k and 32k tokens of context, weight bytes
+ * read per decode token against the measured copy bandwidth, kernel launches per decode step and
+ * per prefill, and the per-op time of one decode step. Random token ids (seeded): speed does not
  * depend on what the tokens say. Prints a markdown table last. It does not measure through the
  * HTTP server. */
 #include <errno.h>
