@@ -446,11 +446,11 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
                 const int key = with_in ? 13 : 12;
                 if (!be->ops->graph_replay(be, key)) {
                     be->ops->graph_begin(be, key);
-                    be->ops->gdn(be, dh, dproj, dinw, dwin, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
+                    be->ops->gdn(be, dh, dproj, dinw, dwin, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T, NULL);
                     be->ops->graph_end(be, key);
                 }
             } else {
-                be->ops->gdn(be, dh, dproj, dinw, dwin, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T);
+                be->ops->gdn(be, dh, dproj, dinw, dwin, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T, NULL);
             }
             res[b][s] = down(be, dh, nh * 2);
             if (own_in) gproj[s] = down(be, dproj, nproj * 2);

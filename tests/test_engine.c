@@ -247,12 +247,15 @@ static void engine_checks(const char *dir, struct tokenizer *tok, int ahead) {
         EXPECT(memcmp(reused, c2.ids, sizeof reused) == 0,
                "output after prefix reuse differs from a full prefill");
         engine_set_prefix_reuse(e, 1);
-        /* the same prompt again is not an extension: full prefill */
+        /* the same prompt again resumes at the end-of-prompt checkpoint (with its logits):
+         * nothing to prefill, the same tokens */
         base_request(&r, p2, n2, &c2);
         r.max_tokens = 12;
         CHECK(engine_generate(e, &r, &res, &err) == 0);
-        EXPECT(res.timings.cache_n == 0 && memcmp(reused, c2.ids, sizeof reused) == 0,
-               "a repeated prompt starts from a reset");
+        EXPECT(res.timings.cache_n == n2 && res.timings.prompt_n == 0 &&
+                   memcmp(reused, c2.ids, sizeof reused) == 0,
+               "a repeated prompt: cache_n %d (want %d), same tokens %d", res.timings.cache_n, n2,
+               memcmp(reused, c2.ids, sizeof reused) == 0);
         free(p2);
         free(tail);
     }

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "text/tokenizer.h"
 
 struct engine {
@@ -28,8 +29,8 @@ struct engine {
     size_t pending_len, pending_cap;
     int prefix_reuse;
     int run_ahead;  /* queue the next step before handling a token's text (engine_set_run_ahead) */
-    int32_t *hist;  /* (n_hist,) the tokens the model state holds, in order */
-    int n_hist, cap_hist;
+    struct cache *cache; /* the prefix cache: which tokens each sequence holds */
+    int32_t boundary_id; /* <|im_start|>, or -1: where the cache checkpoints a prompt */
 };
 
 const char *engine_finish_name(enum engine_finish f) {
@@ -62,8 +63,9 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
     e->logits = xmalloc((size_t)e->vocab_size * sizeof *e->logits);
     e->prefix_reuse = 1;
     e->run_ahead = model_async(m);
-    e->cap_hist = model_ctx(m);
-    e->hist = xmalloc((size_t)e->cap_hist * sizeof *e->hist);
+    e->boundary_id = tok ? tokenizer_token_id(tok, "<|im_start|>") : -1;
+    /* until engine_set_cache: the model's one sequence and a few checkpoints */
+    engine_set_cache(e, 4 * model_ckpt_bytes(m));
     if (tok) {
         e->piece_cap = detok_max_out(tok);
         e->piece = xmalloc(e->piece_cap);
@@ -75,7 +77,7 @@ void engine_free(struct engine *e) {
     if (!e) return;
     free(e->logits);
     free(e->piece);
-    free(e->hist);
+    cache_free(e->cache);
     free(e->pending);
     free(e);
 }
@@ -83,6 +85,16 @@ void engine_free(struct engine *e) {
 struct model *engine_model(struct engine *e) { return e->m; }
 
 void engine_set_prefix_reuse(struct engine *e, int on) { e->prefix_reuse = on; }
+
+void engine_set_cache(struct engine *e, size_t budget_bytes) {
+    cache_free(e->cache);
+    struct cache_params p = {budget_bytes, 0, e->boundary_id};
+    e->cache = cache_create(e->m, &p);
+}
+
+void engine_cache_stats(const struct engine *e, struct cache_stats *out) {
+    cache_get_stats(e->cache, out);
+}
 void engine_set_run_ahead(struct engine *e, int on) { e->run_ahead = on; }
 
 int engine_n_eos(const struct engine *e, const int32_t **ids) {
@@ -90,12 +102,18 @@ int engine_n_eos(const struct engine *e, const int32_t **ids) {
     return e->n_eos;
 }
 
-/* Steps the model on a generated token and records it in hist (the tokens the state holds). */
+/* Steps the model on a generated token and records it in the cache (the tokens the state
+ * holds). */
 static int feed(struct engine *e, int32_t id) {
     if (model_step(e->m, id) != 0) return -1;
-    e->hist[e->n_hist++] = id;
+    cache_push(e->cache, id);
     return 0;
 }
+
+static int cancelled(const struct engine_request *r) {
+    return r->cancel && atomic_load(r->cancel);
+}
+static int cancel_cb(void *arg) { return cancelled(arg); }
 
 static int is_eos(const struct engine *e, int32_t id) {
     for (int i = 0; i < e->n_eos; i++)
@@ -145,9 +163,6 @@ static void pending_consume(struct engine *e, size_t n) {
     e->pending_len -= n;
 }
 
-static int cancelled(const struct engine_request *r) {
-    return r->cancel && atomic_load(r->cancel);
-}
 
 int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,
                     struct error *err) {
@@ -184,19 +199,17 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
     }
     e->pending_len = 0;
 
-    int reuse = 0;
-    if (e->prefix_reuse && e->n_hist > 0 && e->n_hist < r->n_prompt &&
-        e->n_hist == model_pos(e->m) &&
-        memcmp(e->hist, r->prompt, (size_t)e->n_hist * sizeof *e->hist) == 0)
-        reuse = e->n_hist;
-    if (!reuse) model_reset(e->m);
-    e->n_hist = 0; /* unknown until the prefill succeeds */
-    if (model_prefill(e->m, r->prompt + reuse, r->n_prompt - reuse, NULL, err) != 0) {
+    if (!e->prefix_reuse) cache_clear(e->cache);
+    const int reuse = cache_prepare(e->cache, r->prompt, r->n_prompt);
+    const int fr = cache_feed_prompt(e->cache, r->prompt, r->n_prompt, reuse, cancel_cb,
+                                     (void *)r, err);
+    if (fr != 0) {
         sampler_free(smp);
-        return -1;
+        if (fr < 0) return -1;
+        res->finish = ENGINE_FINISH_CANCELLED; /* between pieces of the prompt */
+        res->timings.cache_n = reuse;
+        return 0;
     }
-    memcpy(e->hist, r->prompt, (size_t)r->n_prompt * sizeof *e->hist);
-    e->n_hist = r->n_prompt;
 
     double t1 = 0;
     int n_gen = 0;
@@ -213,7 +226,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
              * host reads it (model_step_greedy) */
             id = model_step_greedy(e->m);
             CHECK(id >= 0);
-            e->hist[e->n_hist++] = id;
+            cache_push(e->cache, id);
             fed = 1;
         } else if (greedy_plain) {
             id = model_argmax(e->m);
@@ -234,7 +247,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
         }
         /* run ahead: on a device backend, the step that feeds this token is queued now and runs
          * while the host detokenises, scans for stop strings and writes to the client. If those
-         * then end the request, the state has taken the token too; hist says so, and a later
+         * then end the request, the state has taken the token too; the cache says so, and a later
          * prompt is reused only if it starts with it. The first token is sent first (TTFT). */
         if (!fed && e->run_ahead && n_gen > 1 && !last) {
             if (feed(e, id) != 0) break;

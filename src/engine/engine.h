@@ -58,7 +58,7 @@ struct engine_request {
 /* Names and meaning as llama-server's "timings" object. */
 struct engine_timings {
     int prompt_n;                /* prompt tokens processed (the reused prefix excluded) */
-    int cache_n;                 /* prompt tokens whose state was reused from the last request */
+    int cache_n;                 /* prompt tokens resumed from the prefix cache */
     double prompt_ms;            /* prefill + choosing the first token */
     double prompt_per_second;
     int predicted_n;             /* tokens generated (the first and any EOS included) */
@@ -84,11 +84,18 @@ void engine_free(struct engine *e);
 
 struct model *engine_model(struct engine *e);
 
-/* Prefix reuse (default on): when a prompt starts with every token the model state holds (the
- * previous prompt and the tokens generated after it - a multi-turn chat or an agent loop that
- * extends the last request), only the new tail is prefilled. The recurrent DeltaNet state cannot
- * be rewound, so any other prompt starts from a reset. Off: every request starts from a reset. */
+/* Prefix reuse (default on): a prompt resumes from the longest prefix the prefix cache holds
+ * (engine_set_cache, cache.h): an earlier prompt and its reply, a shared system prompt, the turn
+ * before in a thinking conversation; only the rest is prefilled. Off: every request starts from
+ * a reset and the cache is emptied. */
 void engine_set_prefix_reuse(struct engine *e, int on);
+
+/* The prefix cache (cache.h): its memory budget in bytes (0: cache_default_budget, half of the
+ * device memory free after the model), allocated now. engine_create starts with the model's one
+ * sequence and four checkpoints (the CLI's use). */
+void engine_set_cache(struct engine *e, size_t budget_bytes);
+struct cache_stats;
+void engine_cache_stats(const struct engine *e, struct cache_stats *out);
 /* Run ahead (default: on where model_async, the GPU): each token's feeding step is queued
  * before its text is handled, so that host work overlaps the device's; greedy requests without
  * penalties feed each choice on the device before the host reads it (model_step_greedy). The

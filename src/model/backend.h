@@ -25,6 +25,15 @@
 
 struct backend;
 
+/* DeltaNet states copied out partway through a prefill call (the gdn op's snap). */
+#define BACKEND_MAX_SNAPS 8
+struct backend_snap {
+    int n;
+    int t[BACKEND_MAX_SNAPS];             /* tokens of the call fed before the copy */
+    float *state[BACKEND_MAX_SNAPS];      /* (Hv, dk, dv) */
+    uint16_t *conv[BACKEND_MAX_SNAPS];    /* (conv_dim, K) */
+};
+
 #define BACKEND_POSTS 16 /* argmax choices posted to the host that a backend keeps */
 
 struct backend_ops {
@@ -37,6 +46,11 @@ struct backend_ops {
     void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*zero)(struct backend *be, void *dst, size_t bytes);
+    /* Device to device, queued in order with the ops: `rows` rows of `width` bytes, the rows
+     * dst_pitch / src_pitch bytes apart (rows = 1: one contiguous copy). Sequences are forked and
+     * checkpoints taken and restored with it. */
+    void (*copy)(struct backend *be, void *dst, size_t dst_pitch, const void *src,
+                 size_t src_pitch, size_t width, size_t rows);
     void (*sync)(struct backend *be);
     /* Bytes of device memory still free for allocations, or 0 when unknown (host memory). May be
      * NULL. model_load compares it with what the model needs before allocating. */
@@ -90,11 +104,14 @@ struct backend_ops {
      * RMSNorm with SiLU(z), then h = bf16(h + bf16(mix W_out^T)), W_out (H, value_dim).
      * conv_state (conv_dim, K) bf16 is a ring of the raw inputs: column q % K holds the input of
      * position q (the last K positions before *pos; zero before position 0), so a step writes
-     * one column and reads the others.                                     h (T, H) */
+     * one column and reads the others.                                     h (T, H)
+     * snap (or NULL; T > 1 only): copies of the states partway, for checkpoints: after the
+     * call's first snap->t[i] tokens (0 < t[i] <= T, increasing), state to snap->state[i] and
+     * the ring (as it then is) to snap->conv[i]. */
     void (*gdn)(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
                 const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
                 const float *A_log, const float *dt_bias, const float *norm_w, float *state,
-                const uint16_t *W_out, const int32_t *pos, int T);
+                const uint16_t *W_out, const int32_t *pos, int T, const struct backend_snap *snap);
 
     /* *out = index of the largest of x[0..n) (lowest index on ties, as torch.argmax). With pos
      * (a decode step whose choice is fed to the next step on the device): then *pos += 1, and

@@ -26,21 +26,48 @@ struct layer {
     uint16_t *w_down;    /* (H, I) */
     /* full attention */
     uint16_t *q_norm, *k_norm; /* (hd,) */
-    uint16_t *k_cache, *v_cache; /* (nKV, ctx, hd) */
     /* gated deltanet */
     uint16_t *conv_w;     /* (conv_dim, K) */
     float *A_log, *dt_bias; /* (Hv,) bf16-rounded values */
     float *norm_w;        /* (dv,) bf16-rounded values */
-    uint16_t *conv_state; /* (conv_dim, K) raw inputs, a ring: column q % K holds position q */
-    float *state;         /* (Hv, dk, dv) */
+    int linear_index;     /* this layer's place among the DeltaNet layers (their state blocks) */
 };
+
+/* A sequence: the state of one conversation, apart from the weights. The KV rows of position
+ * p are written when token p is fed and never again, so cutting the sequence back to p (a
+ * restored checkpoint) needs no copy of them; the DeltaNet states cannot be rewound and live in
+ * one block, so a checkpoint is one copy of it. */
+struct seq_layer {
+    uint16_t *k_cache, *v_cache; /* attention: (nKV, ctx, hd) */
+    uint16_t *conv_state;        /* DeltaNet: (conv_dim, K) raw inputs, a ring: column q % K
+                                    holds position q (inside gdn_block) */
+    float *state;                /* DeltaNet: (Hv, dk, dv) (inside gdn_block) */
+};
+struct model_seq {
+    int index; /* in m->seqs: its decode graphs' keys */
+    int pos;   /* tokens fed */
+    struct seq_layer *l; /* (num_hidden_layers,) */
+    void *gdn_block;     /* (gdn_block_bytes,) every DeltaNet layer's state, then conv state */
+};
+/* A checkpoint: a copy of a sequence's gdn_block at a position, and optionally the logits of the
+ * token before it (the end of a prompt: resuming there needs no forward pass at all). */
+struct model_ckpt {
+    int pos, has_logits;
+    void *block;      /* (gdn_block_bytes,) */
+    uint16_t *logits; /* (V,) */
+};
+#define MODEL_MAX_SEQS 64
 
 struct model {
     struct config config;
     struct safetensors st;
     struct backend *be;
-    int ctx, max_T, pos, quiet;
+    int ctx, max_T, quiet;
     struct layer *layers;
+    struct model_seq *seqs[MODEL_MAX_SEQS]; /* seqs[0] made at load */
+    int n_seqs;
+    struct model_seq *cur;                   /* the sequence prefill and step act on */
+    size_t gdn_block_bytes, gdn_state_bytes, gdn_conv_bytes; /* per sequence; per layer */
     uint16_t *embed_tokens; /* (V, H) */
     uint16_t *norm;         /* (H,) */
     uint16_t *lm_head;      /* (V, H); == embed_tokens when tied */
@@ -61,6 +88,8 @@ struct model {
     int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
                          argmax also advanced pos_dev[0] to pos */
     int64_t n_posts;  /* steps run: each posts its choice */
+    int logits_pos;   /* m->logits row 0 holds the logits of the current sequence at this
+                         position (of its token pos - 1), or -1 */
     const char *prefix;
 };
 
@@ -192,7 +221,6 @@ static int load_layer(struct loader *ld, int l) {
     if (!(t[0] = FIND(ld, NAME("mlp.down_proj.weight"), "(hidden_size, intermediate_size)", H, I))) return -1;
     L->w_down = upload_rows(ld, t, 1);
 
-    struct backend *be = m->be;
     if (L->type == LAYER_FULL_ATTENTION) {
         int64_t nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
         if (!(t[0] = FIND(ld, NAME("self_attn.q_proj.weight"), "(2 num_attention_heads head_dim, hidden_size)", 2 * nH * hd, H))) return -1;
@@ -205,9 +233,6 @@ static int load_layer(struct loader *ld, int l) {
         L->q_norm = upload_rows(ld, t, 1);
         if (!(t[0] = FIND(ld, NAME("self_attn.k_norm.weight"), "(head_dim)", hd))) return -1;
         L->k_norm = upload_rows(ld, t, 1);
-        size_t kv_bytes = (size_t)nKV * m->ctx * hd * sizeof(uint16_t);
-        L->k_cache = be->ops->alloc(be, kv_bytes);
-        L->v_cache = be->ops->alloc(be, kv_bytes);
     } else {
         int64_t Hv = c->linear_num_value_heads, K = c->linear_conv_kernel_dim;
         int64_t conv_dim = c->conv_dim, value_dim = c->value_dim;
@@ -227,9 +252,6 @@ static int load_layer(struct loader *ld, int l) {
         if (!(t[0] = FIND_F32(ld, NAME("linear_attn.norm.weight"), "(linear_value_head_dim)", c->linear_value_head_dim)))
             return -1;
         L->norm_w = upload_vec_f32(ld, t[0], c->linear_value_head_dim);
-        L->conv_state = be->ops->alloc(be, (size_t)conv_dim * K * sizeof(uint16_t));
-        L->state = be->ops->alloc(be, (size_t)Hv * c->linear_key_head_dim *
-                                          c->linear_value_head_dim * sizeof(float));
     }
 #undef NAME
     return 0;
@@ -334,6 +356,16 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
         if (load_layer(&ld, l) < 0) goto fail;
         progress(m, l + 1, c->num_hidden_layers);
     }
+    /* the DeltaNet states of a sequence in one block: each layer's recurrent state, then each
+     * layer's conv ring (sizes multiples of 256 bytes, so every piece stays aligned) */
+    m->gdn_state_bytes = (size_t)c->linear_num_value_heads * c->linear_key_head_dim *
+                         c->linear_value_head_dim * sizeof(float);
+    m->gdn_conv_bytes = ((size_t)c->conv_dim * c->linear_conv_kernel_dim * 2 + 255) & ~(size_t)255;
+    for (int l = 0, n = 0; l < c->num_hidden_layers; l++)
+        m->layers[l].linear_index = m->layers[l].type == LAYER_LINEAR_ATTENTION ? n++ : -1;
+    m->gdn_block_bytes = (size_t)c->n_linear_layers * (m->gdn_state_bytes + m->gdn_conv_bytes);
+    m->cur = model_seq_create(m);
+    m->logits_pos = -1;
     for (int i = 0; i < m->st.n_tensors; i++) {
         if (ld.seen[i]) continue;
         const char *name = m->st.tensors[i].name;
@@ -380,12 +412,22 @@ void model_free(struct model *m) {
                         m->logits, m->pos_dev}; /* ids: inside pos_dev's */
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) be->ops->free(be, bufs[i]);
+        for (int i = 0; i < m->n_seqs; i++) {
+            struct model_seq *s = m->seqs[i];
+            for (int l = 0; l < m->config.num_hidden_layers; l++) {
+                if (s->l[l].k_cache) be->ops->free(be, s->l[l].k_cache);
+                if (s->l[l].v_cache) be->ops->free(be, s->l[l].v_cache);
+            }
+            if (s->gdn_block) be->ops->free(be, s->gdn_block);
+            free(s->l);
+            free(s);
+        }
         if (m->lm_head && m->lm_head != m->embed_tokens) be->ops->free(be, m->lm_head);
         for (int l = 0; m->layers && l < m->config.num_hidden_layers; l++) {
             struct layer *L = &m->layers[l];
             void *lb[] = {L->input_layernorm, L->post_attention_layernorm, L->w_mix, L->w_out,
-                          L->w_gate_up, L->w_down, L->q_norm, L->k_norm, L->k_cache, L->v_cache,
-                          L->conv_w, L->A_log, L->dt_bias, L->norm_w, L->conv_state, L->state};
+                          L->w_gate_up, L->w_down, L->q_norm, L->k_norm, L->conv_w, L->A_log,
+                          L->dt_bias, L->norm_w};
             for (size_t i = 0; i < sizeof lb / sizeof *lb; i++)
                 if (lb[i]) be->ops->free(be, lb[i]);
         }
@@ -400,32 +442,143 @@ const struct config *model_config(const struct model *m) { return &m->config; }
 struct backend *model_backend(struct model *m) { return m->be; }
 int model_ctx(const struct model *m) { return m->ctx; }
 int model_async(const struct model *m) { return m->be->async; }
-int model_pos(const struct model *m) { return m->pos; }
+int model_pos(const struct model *m) { return m->cur->pos; }
 size_t model_weight_bytes(const struct model *m) { return m->weight_bytes; }
 int64_t model_n_params(const struct model *m) { return m->n_params; }
 int model_n_skipped(const struct model *m) { return m->n_skipped; }
 
 void model_reset(struct model *m) {
+    /* the KV rows are overwritten by position; the DeltaNet states start from zero */
+    if (m->gdn_block_bytes) m->be->ops->zero(m->be, m->cur->gdn_block, m->gdn_block_bytes);
+    m->cur->pos = 0;
+    m->argmax_valid = m->posted = 0;
+    m->logits_pos = -1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * sequences and checkpoints */
+
+struct model_seq *model_seq_create(struct model *m) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
+    if (m->n_seqs >= MODEL_MAX_SEQS) return NULL;
+    struct model_seq *s = xcalloc(1, sizeof *s);
+    s->index = m->n_seqs;
+    s->l = xcalloc((size_t)c->num_hidden_layers, sizeof *s->l);
+    if (m->gdn_block_bytes) s->gdn_block = be->ops->alloc(be, m->gdn_block_bytes);
+    size_t kv_bytes = (size_t)c->num_key_value_heads * m->ctx * c->head_dim * sizeof(uint16_t);
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        struct layer *L = &m->layers[l];
-        if (L->type == LAYER_FULL_ATTENTION) continue; /* the KV cache is overwritten by position */
-        be->ops->zero(be, L->conv_state,
-                      (size_t)c->conv_dim * c->linear_conv_kernel_dim * sizeof(uint16_t));
-        be->ops->zero(be, L->state, (size_t)c->linear_num_value_heads * c->linear_key_head_dim *
-                                        c->linear_value_head_dim * sizeof(float));
+        struct seq_layer *sl = &s->l[l];
+        if (m->layers[l].type == LAYER_FULL_ATTENTION) {
+            sl->k_cache = be->ops->alloc(be, kv_bytes);
+            sl->v_cache = be->ops->alloc(be, kv_bytes);
+        } else {
+            int j = m->layers[l].linear_index;
+            char *b = s->gdn_block;
+            sl->state = (float *)(b + (size_t)j * m->gdn_state_bytes);
+            sl->conv_state = (uint16_t *)(b + (size_t)c->n_linear_layers * m->gdn_state_bytes +
+                                          (size_t)j * m->gdn_conv_bytes);
+        }
     }
-    m->pos = 0;
+    m->seqs[m->n_seqs++] = s;
+    return s;
+}
+
+size_t model_seq_bytes(const struct model *m) {
+    const struct config *c = &m->config;
+    return m->gdn_block_bytes +
+           (size_t)c->n_full_layers * 2 * c->num_key_value_heads * m->ctx * c->head_dim * 2;
+}
+
+struct model_seq *model_seq_default(struct model *m) { return m->seqs[0]; }
+struct model_seq *model_seq_current(struct model *m) { return m->cur; }
+int model_seq_pos(const struct model_seq *s) { return s->pos; }
+
+void model_seq_use(struct model *m, struct model_seq *s) {
+    if (s == m->cur) return;
+    m->cur = s;
+    m->argmax_valid = m->posted = 0; /* ids[0] and the logits are the other sequence's */
+    m->logits_pos = -1;
+}
+
+void model_seq_fork(struct model *m, struct model_seq *dst, const struct model_seq *src, int n) {
+    const struct config *c = &m->config;
+    struct backend *be = m->be;
+    CHECK(dst != src && n >= 0 && n <= src->pos);
+    const size_t row = (size_t)c->head_dim * 2, pitch = (size_t)m->ctx * row;
+    for (int l = 0; n > 0 && l < c->num_hidden_layers; l++)
+        if (m->layers[l].type == LAYER_FULL_ATTENTION) { /* rows [0, n) of every KV head */
+            be->ops->copy(be, dst->l[l].k_cache, pitch, src->l[l].k_cache, pitch, n * row,
+                          (size_t)c->num_key_value_heads);
+            be->ops->copy(be, dst->l[l].v_cache, pitch, src->l[l].v_cache, pitch, n * row,
+                          (size_t)c->num_key_value_heads);
+        }
+    dst->pos = n; /* its DeltaNet states are the caller's to restore (a checkpoint at n) */
+    if (dst == m->cur) m->argmax_valid = m->posted = 0;
+}
+
+size_t model_ckpt_bytes(const struct model *m) {
+    return m->gdn_block_bytes + (size_t)m->config.vocab_size * 2;
+}
+
+struct model_ckpt *model_ckpt_create(struct model *m) {
+    struct model_ckpt *ck = xcalloc(1, sizeof *ck);
+    struct backend *be = m->be;
+    ck->pos = -1;
+    if (m->gdn_block_bytes) ck->block = be->ops->alloc(be, m->gdn_block_bytes);
+    ck->logits = be->ops->alloc(be, (size_t)m->config.vocab_size * 2);
+    return ck;
+}
+
+void model_ckpt_free(struct model *m, struct model_ckpt *ck) {
+    if (!ck) return;
+    if (ck->block) m->be->ops->free(m->be, ck->block);
+    m->be->ops->free(m->be, ck->logits);
+    free(ck);
+}
+
+int model_ckpt_pos(const struct model_ckpt *ck) { return ck->pos; }
+int model_logits_current(const struct model *m) { return m->logits_pos == m->cur->pos; }
+int model_ckpt_has_logits(const struct model_ckpt *ck) { return ck->has_logits; }
+
+void model_ckpt_take(struct model *m, struct model_ckpt *ck, int with_logits) {
+    struct backend *be = m->be;
+    if (m->gdn_block_bytes)
+        be->ops->copy(be, ck->block, 0, m->cur->gdn_block, 0, m->gdn_block_bytes, 1);
+    ck->pos = m->cur->pos;
+    ck->has_logits = with_logits && m->logits_pos == m->cur->pos;
+    if (ck->has_logits)
+        be->ops->copy(be, ck->logits, 0, m->logits, 0, (size_t)m->config.vocab_size * 2, 1);
+}
+
+void model_ckpt_restore(struct model *m, const struct model_ckpt *ck, int with_logits) {
+    struct backend *be = m->be;
+    CHECK(ck->pos >= 0 && ck->pos <= m->ctx);
+    if (m->gdn_block_bytes)
+        be->ops->copy(be, m->cur->gdn_block, 0, ck->block, 0, m->gdn_block_bytes, 1);
+    m->cur->pos = ck->pos;
     m->argmax_valid = m->posted = 0;
+    m->logits_pos = -1;
+    if (with_logits && ck->has_logits) {
+        be->ops->copy(be, m->logits, 0, ck->logits, 0, (size_t)m->config.vocab_size * 2, 1);
+        m->logits_pos = ck->pos;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
  * forward */
 
+/* Checkpoints to fill partway through a forward call: after the call's first t[i] tokens. */
+struct snaps {
+    int n;
+    int t[BACKEND_MAX_SNAPS];
+    struct model_ckpt *ck[BACKEND_MAX_SNAPS];
+};
+
 /* Runs T tokens (already in m->ids, position in m->pos_dev) through every layer, leaving the
- * final residual stream in m->h. HF: Qwen3_5TextModel.forward up to the final norm. */
-static void forward(struct model *m, int T) {
+ * final residual stream in m->h; fills sn's checkpoints' DeltaNet states on the way (sn may be
+ * NULL). HF: Qwen3_5TextModel.forward up to the final norm. */
+static void forward(struct model *m, int T, const struct snaps *sn) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
@@ -435,19 +588,29 @@ static void forward(struct model *m, int T) {
     op->embed(be, m->h, m->embed_tokens, m->ids, T); /* HF: inputs_embeds = embed_tokens(ids) */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         struct layer *L = &m->layers[l];
+        struct seq_layer *S = &m->cur->l[l];
         if (L->type == LAYER_FULL_ATTENTION) {
             /* HF: hidden = input_layernorm(residual); q_proj/k_proj/v_proj(hidden); q/k norm,
              * rope, cache update, attention, * sigmoid(gate) */
             op->attention(be, m->mix, m->proj, m->h, L->input_layernorm, L->w_mix, L->q_norm,
-                          L->k_norm, L->k_cache, L->v_cache, m->pos_dev, T);
+                          L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T);
             /* HF: residual + o_proj(attn_output) */
             op->matmul(be, m->h, m->mix, NULL, L->w_out, T, H, nH * hd, 1);
         } else {
             /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(residual),
              * conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z),
              * residual + out_proj(core_attn_out) */
-            op->gdn(be, m->h, m->proj, L->input_layernorm, L->w_mix, L->conv_state, L->conv_w,
-                    L->A_log, L->dt_bias, L->norm_w, L->state, L->w_out, m->pos_dev, T);
+            struct backend_snap bs = {0};
+            for (int i = 0; sn && i < sn->n; i++) { /* this layer's pieces of the blocks */
+                char *b = sn->ck[i]->block;
+                bs.t[bs.n] = sn->t[i];
+                bs.state[bs.n] = (float *)(b + (size_t)L->linear_index * m->gdn_state_bytes);
+                bs.conv[bs.n++] = (uint16_t *)(b + (size_t)c->n_linear_layers * m->gdn_state_bytes +
+                                               (size_t)L->linear_index * m->gdn_conv_bytes);
+            }
+            op->gdn(be, m->h, m->proj, L->input_layernorm, L->w_mix, S->conv_state, L->conv_w,
+                    L->A_log, L->dt_bias, L->norm_w, S->state, L->w_out, m->pos_dev, T,
+                    bs.n ? &bs : NULL);
         }
         /* HF: residual + mlp(post_attention_layernorm(residual)) */
         op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, T, I, H);
@@ -462,26 +625,43 @@ static void logits_rows(struct model *m, int row, int rows) {
                        rows, c->vocab_size, c->hidden_size, 0);
 }
 
-int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
-                  struct error *err) {
+/* Feeds ids[0..n) in calls of at most max_T tokens; ck[i] takes the state after the first
+ * at[i] of them (0 < at[i] < n, increasing), taken inside the calls (no extra pass). */
+static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
+                   int want_logits, struct model_ckpt *const *ck, const int *at, int n_ck,
+                   struct error *err) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
+    struct model_seq *s = m->cur;
     if (n <= 0) return error_set(err, "empty prompt");
-    if (m->pos + n > m->ctx)
+    if (s->pos + n > m->ctx)
         return error_set(err, "prompt of %d tokens does not fit the context: %d of %d positions "
-                              "used", n, m->pos, m->ctx);
+                              "used", n, s->pos, m->ctx);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
             return error_set(err, "token id %d at prompt position %d is outside the vocabulary "
                                   "(%d)", ids[i], i, c->vocab_size);
     uint16_t *tmp = all_logits ? xmalloc((size_t)LOGITS_ROWS * c->vocab_size * 2) : NULL;
     int32_t *pos_ids = xmalloc((size_t)(m->max_T + 1) * sizeof *pos_ids);
+    for (int i = 0; i < n_ck; i++) CHECK(at[i] > (i ? at[i - 1] : 0) && at[i] < n);
+    int next_ck = 0;
     for (int done = 0; done < n;) {
         int T = n - done < m->max_T ? n - done : m->max_T;
-        pos_ids[0] = m->pos; /* pos_dev[0], then ids: one copy */
+        struct snaps sn = {0};
+        for (; next_ck < n_ck && at[next_ck] <= done + T; next_ck++) {
+            if (sn.n == BACKEND_MAX_SNAPS) { /* more than a call takes: end the call there */
+                T = at[next_ck - 1] - done;
+                break;
+            }
+            sn.t[sn.n] = at[next_ck] - done;
+            sn.ck[sn.n++] = ck[next_ck];
+            ck[next_ck]->pos = s->pos + sn.t[sn.n - 1];
+            ck[next_ck]->has_logits = 0;
+        }
+        pos_ids[0] = s->pos; /* pos_dev[0], then ids: one copy */
         memcpy(pos_ids + 1, ids + done, (size_t)T * sizeof *pos_ids);
         be->ops->upload(be, m->pos_dev, pos_ids, (size_t)(T + 1) * sizeof *pos_ids);
-        forward(m, T);
+        forward(m, T, &sn);
         if (all_logits) {
             for (int r = 0; r < T; r += LOGITS_ROWS) {
                 int rows = T - r < LOGITS_ROWS ? T - r : LOGITS_ROWS;
@@ -491,38 +671,51 @@ int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
                     all_logits[(size_t)(done + r) * c->vocab_size + i] = bf16_to_f32(tmp[i]);
             }
         }
-        m->pos += T;
+        s->pos += T;
         done += T;
-        if (done == n) logits_rows(m, T - 1, 1);
+        if (done == n && want_logits) logits_rows(m, T - 1, 1);
     }
     free(tmp);
     free(pos_ids);
     m->argmax_valid = m->posted = 0;
+    m->logits_pos = want_logits ? s->pos : -1;
     return 0;
 }
 
-/* One decode step on the token in ids[0] at the position in pos_dev[0] (== m->pos): the graph
+int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
+                  struct error *err) {
+    return prefill(m, ids, n, all_logits, 1, NULL, NULL, 0, err);
+}
+
+int model_prefill_ckpt(struct model *m, const int32_t *ids, int n, struct model_ckpt *const *ck,
+                       const int *at, int n_ck, struct error *err) {
+    return prefill(m, ids, n, NULL, 1, ck, at, n_ck, err);
+}
+
+/* One decode step on the token in ids[0] at the position in pos_dev[0] (== m->cur->pos): the graph
  * ends with the argmax that writes the choice to ids[0], advances pos_dev[0] and posts it. */
 static void step(struct model *m) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
-    const int key = be->ops->graph_variant && be->ops->graph_variant(be, m->pos) ? GRAPH_STEP_LONG : GRAPH_STEP;
+    const int variant = be->ops->graph_variant && be->ops->graph_variant(be, m->cur->pos);
+    const int key = (variant ? GRAPH_STEP_LONG : GRAPH_STEP) + 2 * m->cur->index;
     if (!be->ops->graph_replay(be, key)) {
         be->ops->graph_begin(be, key);
-        forward(m, 1);
+        forward(m, 1, NULL);
         logits_rows(m, 0, 1);
         be->ops->argmax(be, m->ids, m->logits, c->vocab_size, m->pos_dev);
         be->ops->graph_end(be, key);
     }
-    m->pos++;
+    m->cur->pos++;
     m->n_posts++;
     m->argmax_valid = m->posted = 1;
+    m->logits_pos = m->cur->pos;
 }
 
 int model_step(struct model *m, int32_t token) {
-    if (m->pos >= m->ctx) return -1;
+    if (m->cur->pos >= m->ctx) return -1;
     CHECK(token >= 0 && token < m->config.vocab_size);
-    const int32_t pos_token[2] = {m->pos, token}; /* pos_dev[0], ids[0]: one copy */
+    const int32_t pos_token[2] = {m->cur->pos, token}; /* pos_dev[0], ids[0]: one copy */
     m->be->ops->upload(m->be, m->pos_dev, pos_token, sizeof pos_token);
     step(m);
     return 0;
@@ -530,7 +723,7 @@ int model_step(struct model *m, int32_t token) {
 
 int32_t model_step_greedy(struct model *m) {
     struct backend *be = m->be;
-    if (m->pos >= m->ctx) return -1;
+    if (m->cur->pos >= m->ctx) return -1;
     if (!m->posted) { /* no step posted a choice yet (after a prefill): the host reads it */
         int32_t id = model_argmax(m);
         return model_step(m, id) == 0 ? id : -1;
@@ -564,8 +757,8 @@ void model_logits(struct model *m, float *out) {
 void model_gdn_state(struct model *m, int layer, float *conv, float *recurrent) {
     const struct config *c = &m->config;
     CHECK(layer >= 0 && layer < c->num_hidden_layers);
-    struct layer *L = &m->layers[layer];
-    CHECK(L->type == LAYER_LINEAR_ATTENTION);
+    CHECK(m->layers[layer].type == LAYER_LINEAR_ATTENTION);
+    const struct seq_layer *L = &m->cur->l[layer];
     struct backend *be = m->be;
     if (conv) { /* the ring (column q % K holds position q) read oldest first */
         int K = c->linear_conv_kernel_dim;
@@ -573,7 +766,7 @@ void model_gdn_state(struct model *m, int layer, float *conv, float *recurrent) 
         uint16_t *tmp = xmalloc(n * 2);
         be->ops->download(be, tmp, L->conv_state, n * 2);
         for (size_t ch = 0; ch < (size_t)c->conv_dim; ch++)
-            for (int j = 0; j < K; j++) conv[ch * K + j] = bf16_to_f32(tmp[ch * K + (m->pos + j) % K]);
+            for (int j = 0; j < K; j++) conv[ch * K + j] = bf16_to_f32(tmp[ch * K + (m->cur->pos + j) % K]);
         free(tmp);
     }
     if (recurrent)

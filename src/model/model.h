@@ -38,14 +38,55 @@ size_t model_weight_bytes(const struct model *m);
 int64_t model_n_params(const struct model *m);
 int model_n_skipped(const struct model *m); /* vision / mtp tensors ignored at load */
 
-/* Forgets the sequence: position 0, zero states. */
+/* Forgets the current sequence: position 0, zero states. */
 void model_reset(struct model *m);
+
+/* Sequences. A sequence is the state of one conversation apart from the weights: the KV rows of
+ * the full-attention layers (ctx positions each) and the conv + fp32 recurrent state of the
+ * DeltaNet layers. The model makes one at load (model_seq_default); more live beside it, up to
+ * MODEL_MAX_SEQS, each kept until model_free (a device backend records a decode graph per
+ * sequence, bound to its buffers). Prefill and step act on the current sequence. */
+struct model_seq;
+struct model_seq *model_seq_create(struct model *m); /* NULL when MODEL_MAX_SEQS exist */
+size_t model_seq_bytes(const struct model *m);         /* backend memory of one sequence */
+struct model_seq *model_seq_default(struct model *m);
+struct model_seq *model_seq_current(struct model *m);
+void model_seq_use(struct model *m, struct model_seq *s);
+int model_seq_pos(const struct model_seq *s);          /* tokens fed */
+/* dst takes src's KV rows [0, n) and position n; its DeltaNet states are then the caller's to
+ * set (model_ckpt_restore of a checkpoint of src at n, with dst current). */
+void model_seq_fork(struct model *m, struct model_seq *dst, const struct model_seq *src, int n);
+
+/* Checkpoints: a copy of the current sequence's DeltaNet states at its position, taken and
+ * restored on the backend (device to device, queued with the forward pass, no host round trip).
+ * The KV part needs no copy: rows before the position are never written again, so restoring a
+ * checkpoint at p into the sequence it was taken from (or a fork of it to p) cuts it back to p.
+ * With logits, the checkpoint also keeps the current logits (those of the token before p, when
+ * the last call computed them): resuming there needs no forward pass. */
+struct model_ckpt;
+size_t model_ckpt_bytes(const struct model *m);
+struct model_ckpt *model_ckpt_create(struct model *m);
+void model_ckpt_free(struct model *m, struct model_ckpt *ck);
+void model_ckpt_take(struct model *m, struct model_ckpt *ck, int with_logits);
+/* The current sequence -> ck's position and states (with_logits: and its logits, if it has them). */
+void model_ckpt_restore(struct model *m, const struct model_ckpt *ck, int with_logits);
+int model_ckpt_pos(const struct model_ckpt *ck);
+int model_ckpt_has_logits(const struct model_ckpt *ck);
+/* Whether the current logits are those at the current position (the last prefill or step
+ * computed them, or a restore brought them). */
+int model_logits_current(const struct model *m);
 
 /* Feeds n tokens (any n >= 1, split into chunks internally) and computes the logits of the
  * last one. Fails (-1, err) if pos + n exceeds the context. If all_logits is non-NULL it
  * receives the logits of every position as float (n, vocab_size). */
 int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
                   struct error *err);
+
+/* model_prefill that also fills checkpoints partway: ck[i] gets the state after the first at[i]
+ * tokens (0 < at[i] < n, increasing), taken inside the forward calls (no extra pass over the
+ * weights). */
+int model_prefill_ckpt(struct model *m, const int32_t *ids, int n, struct model_ckpt *const *ck,
+                       const int *at, int n_ck, struct error *err);
 
 /* Feeds one token and computes its logits. -1 if the context is full. */
 int model_step(struct model *m, int32_t token);

@@ -124,6 +124,12 @@ static void cpu_zero(struct backend *be, void *dst, size_t bytes) {
     (void)be;
     memset(dst, 0, bytes);
 }
+static void cpu_copy_2d(struct backend *be, void *dst, size_t dst_pitch, const void *src,
+                        size_t src_pitch, size_t width, size_t rows) {
+    (void)be;
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
 static void cpu_sync(struct backend *be) { (void)be; }
 /* no graphs on the CPU: ops always run directly */
 static int cpu_graph_replay(struct backend *be, int key) {
@@ -359,7 +365,8 @@ static void gdn_heads(void *ctx, int lo, int hi, int thread) {
 static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
                     const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
                     const float *A_log, const float *dt_bias, const float *norm_w, float *state,
-                    const uint16_t *W_out, const int32_t *pos_p, int T) {
+                    const uint16_t *W_out, const int32_t *pos_p, int T,
+                    const struct backend_snap *snap) {
     const struct config *c = be->config;
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
     int dk = c->linear_key_head_dim, K = c->linear_conv_kernel_dim;
@@ -369,6 +376,7 @@ static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint1
         cpu_matmul(be, proj, h, in_norm, W_in, T, (int)row, c->hidden_size, 0);
     const int pos0 = *pos_p;
     CHECK(pos0 >= 0 && K <= 8);
+    CHECK(!snap || (snap->n >= 0 && snap->n <= BACKEND_MAX_SNAPS));
     uint16_t *out = xmalloc((size_t)T * value_dim * sizeof(uint16_t)); /* the mixer's output */
     float *y = xmalloc((size_t)conv_dim * sizeof(float)); /* (conv_dim,) conv + SiLU output */
     float *qn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised, scaled q */
@@ -409,6 +417,11 @@ static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint1
         struct gdn_job jb = {c, out + (size_t)t * value_dim, y, qn, kn, z, b, a,
                              A_log, dt_bias, norm_w, state};
         pool_for(cpu_of(be)->pool, Hv, gdn_heads, &jb);
+        for (int i = 0; snap && i < snap->n; i++)
+            if (snap->t[i] == t + 1) {
+                memcpy(snap->state[i], state, (size_t)Hv * dk * c->linear_value_head_dim * sizeof(float));
+                memcpy(snap->conv[i], conv_state, (size_t)conv_dim * K * sizeof(uint16_t));
+            }
     }
     free(y);
     free(qn);
@@ -453,6 +466,7 @@ static const struct backend_ops cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .zero = cpu_zero,
+    .copy = cpu_copy_2d,
     .sync = cpu_sync,
     .graph_replay = cpu_graph_replay,
     .graph_begin = cpu_graph_mark,

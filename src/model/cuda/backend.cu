@@ -379,6 +379,15 @@ static void op_download(struct backend *be, void *dst, const void *src, size_t b
 static void op_zero(struct backend *be, void *dst, size_t bytes) {
     gpu_memset(dst, 0, bytes, cuda_of(be)->stream);
 }
+static void op_copy(struct backend *be, void *dst, size_t dst_pitch, const void *src,
+                    size_t src_pitch, size_t width, size_t rows) {
+    struct cuda *cu = cuda_of(be);
+    if (rows == 1)
+        gpu_memcpy_d2d(dst, src, width, cu->stream);
+    else
+        gpu_memcpy_d2d_2d(dst, dst_pitch, src, src_pitch, width, rows, cu->stream);
+    cu->n_launches++;
+}
 static void op_sync(struct backend *be) {
     struct cuda *cu = cuda_of(be);
     gpu_stream_sync(cu->stream);
@@ -506,8 +515,9 @@ static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *
     cuda_prof_end(cu);
 }
 
-/* The early-start counters (cuda_gemv_early) of the mixer layer whose state this is (its conv
- * state or K cache; a pair per layer, in cu->early_cnt), or NULL when every slot is taken. */
+/* The early-start counters (cuda_gemv_early) of the mixer layer whose input projection this is
+ * (a pair per layer, in cu->early_cnt; keyed by the weights, which every sequence shares: one
+ * step runs at a time and leaves them at zero), or NULL when every slot is taken. */
 static int *early_slot(struct cuda *cu, const void *layer_state) {
     for (int i = 0; i < CUDA_EARLY_SLOTS; i++) {
         if (!cu->early_key[i]) cu->early_key[i] = layer_state;
@@ -551,7 +561,7 @@ static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     const int N_in = 2 * nH * hd + 2 * nKV * hd;
     int *cnt = NULL, target = 0;
-    if (W_in && T == 1 && attn_early_pays(cu, c) && (cnt = early_slot(cu, k_cache))) {
+    if (W_in && T == 1 && attn_early_pays(cu, c) && (cnt = early_slot(cu, W_in))) {
         /* pairs in the order k, v, each head's q, each head's gate; the short kernel starts
          * once all but the gates are written */
         struct cuda_early e = {};
@@ -587,7 +597,7 @@ static int early_pays(struct cuda *cu, const struct config *c) {
 static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
                    const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
                    const float *A_log, const float *dt_bias, const float *norm_w, float *state,
-                   const uint16_t *W_out, const int32_t *pos, int T) {
+                   const uint16_t *W_out, const int32_t *pos, int T, const struct backend_snap *snap) {
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
     CHECK(T >= 1 && T <= be->max_T);
@@ -595,7 +605,7 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
     const int Hv = c->linear_num_value_heads;
     const int N_in = conv_dim + value_dim + 2 * Hv;
     int *cnt = NULL, target = 0;
-    if (W_in && T == 1 && early_pays(cu, c) && (cnt = early_slot(cu, conv_state))) {
+    if (W_in && T == 1 && early_pays(cu, c) && (cnt = early_slot(cu, W_in))) {
         /* pairs in the order b, a, q, k, v, z; the step starts once all but z are written */
         struct cuda_early e = {};
         e.rot = (conv_dim + value_dim) / 2, e.early = Hv + conv_dim / 2, e.cnt = cnt;
@@ -619,11 +629,40 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
             PROF("gemv (+residual)", cuda_gemv(cu, h, cu->xn, NULL, W_out, H, value_dim,
                                                c->rms_norm_eps, 1, 0));
         }
+        if (snap && snap->n) { /* a one-token prefill call: the state after it */
+            CHECK(snap->n == 1 && snap->t[0] == 1);
+            gpu_memcpy_d2d(snap->state[0], state, (size_t)Hv * c->linear_key_head_dim *
+                                                      c->linear_value_head_dim * sizeof(float), cu->stream);
+            gpu_memcpy_d2d(snap->conv[0], conv_state,
+                           (size_t)conv_dim * c->linear_conv_kernel_dim * sizeof(uint16_t), cu->stream);
+        }
         return;
     }
     CHECK((size_t)T * value_dim <= cu->xn_elems);
-    PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, cu->xn, proj, conv_state, conv_w, A_log,
-                                           dt_bias, norm_w, state, pos, T));
+    /* snapshots: the mixer in pieces ending at each snapshot, the states copied after each (the
+     * projections stay one GEMM each: the weights are read once) */
+    const size_t row = (size_t)N_in, state_bytes = (size_t)Hv * c->linear_key_head_dim *
+                                                   c->linear_value_head_dim * sizeof(float);
+    const size_t conv_bytes = (size_t)conv_dim * c->linear_conv_kernel_dim * sizeof(uint16_t);
+    CHECK(!snap || (snap->n >= 0 && snap->n <= BACKEND_MAX_SNAPS));
+    for (int i = 0, t0 = 0; t0 < T; i++) {
+        const int t1 = snap && i < snap->n ? snap->t[i] : T;
+        CHECK(t1 > t0 && t1 <= T);
+        const int32_t *p = pos;
+        if (t0 > 0) {
+            cuda_pos_add(cu, cu->snap_pos + i - 1, pos, t0);
+            p = cu->snap_pos + i - 1;
+        }
+        PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, cu->xn + (size_t)t0 * value_dim, proj + t0 * row,
+                                               conv_state, conv_w, A_log, dt_bias, norm_w, state,
+                                               p, t1 - t0));
+        if (snap && i < snap->n) {
+            gpu_memcpy_d2d(snap->state[i], state, state_bytes, cu->stream);
+            gpu_memcpy_d2d(snap->conv[i], conv_state, conv_bytes, cu->stream);
+            cu->n_launches += 2;
+        }
+        t0 = t1;
+    }
     op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is (no norm) */
 }
 
@@ -676,6 +715,7 @@ static const struct backend_ops cuda_ops = {
     op_upload,
     op_download,
     op_zero,
+    op_copy,
     op_sync,
     op_mem_free,
     op_graph_replay,
@@ -788,6 +828,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_sz = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
     cu->early_cnt = (int *)dev_alloc(cu, 2 * CUDA_EARLY_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
+    cu->snap_pos = (int32_t *)dev_alloc(cu, BACKEND_MAX_SNAPS * sizeof(int32_t), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
     cu->n_posts = (unsigned *)dev_alloc(cu, sizeof(unsigned), "argmax posts");
     void *mail_dev = NULL;

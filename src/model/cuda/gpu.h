@@ -124,6 +124,11 @@ static inline void gpu_memcpy_d2h(void *dst, const void *src, size_t n, gpu_stre
 static inline void gpu_memcpy_d2d(void *dst, const void *src, size_t n, gpu_stream s) {
     GPU_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s));
 }
+/* height rows of width bytes, rows dpitch / spitch bytes apart */
+static inline void gpu_memcpy_d2d_2d(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                     size_t width, size_t height, gpu_stream s) {
+    GPU_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, s));
+}
 static inline void gpu_memset(void *dst, int v, size_t n, gpu_stream s) {
     GPU_CHECK(cudaMemsetAsync(dst, v, n, s));
 }

@@ -14,7 +14,7 @@ extern "C" {
 #include "util.h"
 #include "cuda.h"
 
-#define CUDA_MAX_GRAPHS 16
+#define CUDA_MAX_GRAPHS 136 /* two decode-step variants for each of up to 64 sequences, and spare */
 #define CUDA_ARGMAX_BLOCKS 264
 #define CUDA_STAGE_BYTES (1u << 20) /* pinned staging buffer for small copies */
 
@@ -128,7 +128,9 @@ struct cuda {
     int *early_cnt;    /* (2 CUDA_EARLY_SLOTS,) decode: per mixer layer, the count of the early
                           GEMV's blocks with their early pairs written and the mixer's of its
                           blocks done (cuda_gemv_early; both back at zero after each step) */
-    const void *early_key[CUDA_EARLY_SLOTS]; /* the layer of each pair: its conv state / K cache */
+    const void *early_key[CUDA_EARLY_SLOTS]; /* the layer of each pair: its input projection
+                                                (the weights: every sequence shares them) */
+    int32_t *snap_pos; /* (BACKEND_MAX_SNAPS,) device positions of a prefill call's pieces (op_gdn) */
     int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [8, 9]
                           the GEMV tail (cuda_gemv_job.tail_ctr), [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
@@ -166,6 +168,7 @@ void cuda_prof_end(struct cuda *cu);
 void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table, const int32_t *ids, int T,
                 int H, int V);
 void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int32_t *pos);
+void cuda_pos_add(struct cuda *cu, int32_t *out, const int32_t *pos, int add);
 void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
                   int K, float eps);
 

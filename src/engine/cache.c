@@ -1,0 +1,320 @@
+/* cache.c - the prefix cache (see cache.h): pools of sequences and checkpoints, longest-prefix
+ * lookup over the sequences, resume / fork / cut, checkpoint placement while a prompt is fed,
+ * least-recently-used reuse of both pools.
+ *
+ * Cost of a lookup: one pass over each sequence's tokens up to where it parts from the prompt
+ * (at most 64 sequences). A resume is one copy of the DeltaNet states (4B: 50 MB, ~20 us on an
+ * H200); a fork also copies the KV rows before the resume point (4B: 32 KB a token). */
+#include "cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct slot {
+    struct model_seq *seq;
+    int32_t *tok; /* (ctx,) the tokens the sequence holds, in order */
+    int n_tok;
+    uint64_t used;
+};
+
+struct ckpt {
+    struct model_ckpt *ck;
+    int owner; /* slot index, -1: free */
+    uint64_t used;
+};
+
+struct cache {
+    struct model *m;
+    struct cache_params p;
+    struct slot *slots;
+    int n_slots, cur; /* cur: the slot of the model's current sequence */
+    struct ckpt *cks;
+    int n_cks;
+    uint64_t clock;
+    struct cache_stats st;
+};
+
+size_t cache_default_budget(struct model *m) {
+    struct backend *be = model_backend(m);
+    size_t fr = be->ops->mem_free ? be->ops->mem_free(be) : 0;
+    if (fr) return fr / 2;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : (size_t)1 << 30;
+}
+
+struct cache *cache_create(struct model *m, const struct cache_params *p) {
+    struct cache *c = xcalloc(1, sizeof *c);
+    c->m = m;
+    c->p = *p;
+    if (!c->p.budget_bytes) c->p.budget_bytes = cache_default_budget(m);
+    if (c->p.every <= 0) c->p.every = CACHE_DEFAULT_EVERY;
+    const size_t seq_b = model_seq_bytes(m), ck_b = model_ckpt_bytes(m);
+    /* up to half the budget in sequences beyond the model's own (at most 63), the rest in
+     * checkpoints (at most 4,096) */
+    size_t extra = c->p.budget_bytes / 2 / (seq_b ? seq_b : 1);
+    if (extra > 63) extra = 63;
+    size_t n_ck = (c->p.budget_bytes - extra * seq_b) / (ck_b ? ck_b : 1);
+    if (n_ck > 4096) n_ck = 4096;
+    const int ctx = model_ctx(m);
+    c->slots = xcalloc(extra + 1, sizeof *c->slots);
+    c->slots[0].seq = model_seq_default(m);
+    c->n_slots = 1;
+    for (size_t i = 0; i < extra; i++) {
+        struct model_seq *s = model_seq_create(m);
+        if (!s) break;
+        c->slots[c->n_slots++].seq = s;
+    }
+    for (int i = 0; i < c->n_slots; i++) c->slots[i].tok = xmalloc((size_t)ctx * sizeof(int32_t));
+    c->cks = xcalloc(n_ck ? n_ck : 1, sizeof *c->cks);
+    for (size_t i = 0; i < n_ck; i++) {
+        c->cks[i].ck = model_ckpt_create(m);
+        c->cks[i].owner = -1;
+    }
+    c->n_cks = (int)n_ck;
+    c->st.n_seqs = c->n_slots;
+    c->st.n_ckpts = c->n_cks;
+    c->st.budget_bytes = (size_t)(c->n_slots - 1) * seq_b + (size_t)c->n_cks * ck_b;
+    model_seq_use(m, c->slots[0].seq);
+    return c;
+}
+
+void cache_free(struct cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_cks; i++) model_ckpt_free(c->m, c->cks[i].ck);
+    for (int i = 0; i < c->n_slots; i++) free(c->slots[i].tok);
+    free(c->cks);
+    free(c->slots);
+    free(c);
+}
+
+static void drop_ckpts(struct cache *c, int slot, int above) { /* those of slot past `above` */
+    for (int i = 0; i < c->n_cks; i++)
+        if (c->cks[i].owner == slot && model_ckpt_pos(c->cks[i].ck) > above) c->cks[i].owner = -1;
+}
+
+/* A slot to hold a new prefix, never `keep`: an empty one, else the least recently used. */
+static int take_slot(struct cache *c, int keep) {
+    int best = -1;
+    for (int i = 0; i < c->n_slots; i++) {
+        if (i == keep) continue;
+        if (c->slots[i].n_tok == 0) return i;
+        if (best < 0 || c->slots[i].used < c->slots[best].used) best = i;
+    }
+    if (best >= 0) {
+        c->st.evictions++;
+        drop_ckpts(c, best, -1);
+        c->slots[best].n_tok = 0;
+    }
+    return best;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static void use_slot(struct cache *c, int i) {
+    c->cur = i;
+    model_seq_use(c->m, c->slots[i].seq);
+}
+
+int cache_prepare(struct cache *c, const int32_t *prompt, int n) {
+    struct model *m = c->m;
+    int best_r = 0, best_slot = -1, best_ck = -1;
+    uint64_t best_used = 0;
+    for (int s = 0; s < c->n_slots; s++) {
+        const struct slot *sl = &c->slots[s];
+        if (sl->n_tok == 0) continue;
+        const int L = common_prefix(prompt, n, sl->tok, sl->n_tok);
+        if (L == 0) continue;
+        /* the live state: the prompt extends all the sequence holds (with the logits current
+         * when nothing is left to feed) */
+        if (L == sl->n_tok && (L < n || (s == c->cur && model_logits_current(m))) &&
+            (L > best_r || (L == best_r && best_ck >= 0) || (L == best_r && sl->used > best_used))) {
+            best_r = L, best_slot = s, best_ck = -1, best_used = sl->used;
+        }
+        for (int i = 0; i < c->n_cks; i++) {
+            if (c->cks[i].owner != s) continue;
+            const int p = model_ckpt_pos(c->cks[i].ck);
+            if (p > L || (p == n && !model_ckpt_has_logits(c->cks[i].ck))) continue;
+            if (p > best_r || (p == best_r && best_slot >= 0 && best_ck >= 0 && sl->used > best_used))
+                best_r = p, best_slot = s, best_ck = i, best_used = sl->used;
+        }
+    }
+    const uint64_t now = ++c->clock;
+    if (best_r == 0) { /* a miss: a fresh sequence, taken from the least recently used */
+        int s = c->slots[c->cur].n_tok == 0 ? c->cur : take_slot(c, -1);
+        if (s < 0) s = 0;
+        drop_ckpts(c, s, -1);
+        c->slots[s].n_tok = 0;
+        c->slots[s].used = now;
+        use_slot(c, s);
+        model_reset(m);
+        c->st.misses++;
+        return 0;
+    }
+    c->st.hits++;
+    c->st.tokens_reused += best_r;
+    struct slot *S = &c->slots[best_slot];
+    S->used = now;
+    if (best_ck < 0) { /* the live state */
+        use_slot(c, best_slot);
+        return best_r;
+    }
+    struct ckpt *ck = &c->cks[best_ck];
+    ck->used = now;
+    const int p = best_r;
+    int d = S->n_tok > p ? take_slot(c, best_slot) : -1;
+    if (d >= 0) {
+        /* fork: the prefix to another sequence, so this one keeps what it holds past p; the
+         * checkpoints up to p go with the fork (the fresher of the two) */
+        struct slot *D = &c->slots[d];
+        use_slot(c, d);
+        model_seq_fork(m, D->seq, S->seq, p);
+        model_ckpt_restore(m, ck->ck, p == n);
+        memcpy(D->tok, S->tok, (size_t)p * sizeof *D->tok);
+        D->n_tok = p;
+        D->used = now;
+        for (int i = 0; i < c->n_cks; i++)
+            if (c->cks[i].owner == best_slot && model_ckpt_pos(c->cks[i].ck) <= p) c->cks[i].owner = d;
+    } else { /* cut back in place */
+        use_slot(c, best_slot);
+        model_ckpt_restore(m, ck->ck, p == n);
+        S->n_tok = p;
+        drop_ckpts(c, best_slot, p);
+    }
+    return p;
+}
+
+/* A free checkpoint, else the least recently used one (of any sequence but never one the
+ * current feed placed: `floor` is the clock at its start). NULL if the pool is empty. */
+static struct ckpt *take_ckpt(struct cache *c, uint64_t floor) {
+    struct ckpt *best = NULL;
+    for (int i = 0; i < c->n_cks; i++) {
+        struct ckpt *k = &c->cks[i];
+        if (k->owner < 0) return k;
+        if (k->used >= floor) continue;
+        if (!best || k->used < best->used) best = k;
+    }
+    if (best) c->st.evictions++;
+    return best;
+}
+
+static void record(struct cache *c, const int32_t *ids, int n) {
+    struct slot *S = &c->slots[c->cur];
+    memcpy(S->tok + S->n_tok, ids, (size_t)n * sizeof *ids);
+    S->n_tok += n;
+}
+
+int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
+                      int (*cancel)(void *), void *cancel_arg, struct error *err) {
+    struct model *m = c->m;
+    CHECK(r >= 0 && r <= n && c->slots[c->cur].n_tok == r && model_pos(m) == r);
+    if (r == n) return 0; /* resumed with the prompt's logits */
+    /* where to checkpoint in (r, n): the first message boundary and the last two, every
+     * `every` tokens (positions), in order */
+    int at[64], n_at = 0;
+    int first = -1, last1 = -1, last2 = -1;
+    if (c->p.boundary_id >= 0)
+        for (int q = r + 1; q < n; q++)
+            if (prompt[q] == c->p.boundary_id) {
+                if (first < 0) first = q;
+                last2 = last1, last1 = q;
+            }
+    for (int q = r + 1; q < n && n_at < 60; q++) {
+        if (q == first || q == last1 || q == last2 || q % c->p.every == 0) at[n_at++] = q;
+    }
+    /* claimed in the order of their worth when the pool is short: the end of the prompt, the
+     * last boundary, the one before, the first, then the rest from the end */
+    const uint64_t floor = c->clock;
+    struct ckpt *end_ck = take_ckpt(c, floor);
+    if (end_ck) end_ck->owner = c->cur, end_ck->used = ++c->clock;
+    int want[64], n_want = 0;
+    for (int pass = 0; pass < 4; pass++)
+        for (int i = n_at - 1; i >= 0; i--) {
+            const int q = at[i];
+            const int cls = q == last1 ? 0 : q == last2 ? 1 : q == first ? 2 : 3;
+            if (cls == pass) want[n_want++] = i;
+        }
+    struct model_ckpt *cks[64];
+    struct ckpt *slots[64];
+    int got[64] = {0};
+    for (int w = 0; w < n_want; w++) {
+        struct ckpt *e = take_ckpt(c, floor);
+        if (!e) break;
+        e->owner = c->cur; /* claimed (its position is set by the feed) */
+        e->used = ++c->clock;
+        got[want[w]] = 1;
+        slots[want[w]] = e;
+    }
+    int k = 0;
+    for (int i = 0; i < n_at; i++)
+        if (got[i]) {
+            slots[k] = slots[i];
+            cks[k] = slots[i]->ck;
+            at[k++] = at[i];
+        }
+    /* feed in pieces of at most 8 checkpoints, so that a cancel lands between pieces */
+    int pos = r;
+    for (int i = 0; pos < n;) {
+        if (cancel && cancel(cancel_arg)) {
+            for (; i < k; i++) slots[i]->owner = -1; /* never filled */
+            if (end_ck) end_ck->owner = -1;
+            return 1;
+        }
+        int j = i, end = n;
+        while (j < k && j - i < BACKEND_MAX_SNAPS) j++;
+        if (j < k) end = at[j]; /* the next piece starts at the checkpoint after these */
+        int rel[BACKEND_MAX_SNAPS];
+        for (int q = i; q < j; q++) rel[q - i] = at[q] - pos;
+        if (model_prefill_ckpt(m, prompt + pos, end - pos, cks + i, rel, j - i, err) != 0) {
+            for (int q = i; q < k; q++) slots[q]->owner = -1;
+            if (end_ck) end_ck->owner = -1;
+            /* the state is unknown after a failed feed: forget the sequence */
+            drop_ckpts(c, c->cur, -1);
+            c->slots[c->cur].n_tok = 0;
+            model_reset(m);
+            return -1;
+        }
+        record(c, prompt + pos, end - pos);
+        c->st.ckpts_taken += j - i;
+        c->st.tokens_fed += end - pos;
+        pos = end;
+        i = j;
+    }
+    /* the end of the prompt, with its logits */
+    if (end_ck) {
+        model_ckpt_take(m, end_ck->ck, 1);
+        c->st.ckpts_taken++;
+    }
+    return 0;
+}
+
+void cache_push(struct cache *c, int32_t id) {
+    struct slot *S = &c->slots[c->cur];
+    if (S->n_tok < model_ctx(c->m)) S->tok[S->n_tok++] = id;
+}
+
+int cache_tokens(const struct cache *c, const int32_t **ids) {
+    if (ids) *ids = c->slots[c->cur].tok;
+    return c->slots[c->cur].n_tok;
+}
+
+void cache_clear(struct cache *c) {
+    for (int i = 0; i < c->n_cks; i++) c->cks[i].owner = -1;
+    for (int i = 0; i < c->n_slots; i++) c->slots[i].n_tok = 0;
+    use_slot(c, 0);
+    model_reset(c->m);
+}
+
+void cache_get_stats(const struct cache *c, struct cache_stats *out) {
+    *out = c->st;
+    size_t held = 0;
+    for (int i = 1; i < c->n_slots; i++)
+        if (c->slots[i].n_tok > 0) held += model_seq_bytes(c->m);
+    for (int i = 0; i < c->n_cks; i++)
+        if (c->cks[i].owner >= 0) held += model_ckpt_bytes(c->m);
+    out->bytes_held = held;
+}
