@@ -544,6 +544,61 @@ static void check_embed_argmax(struct pair *p, const struct config *c, const cha
     free(x);
 }
 
+/* The gdn op's snapshots (checkpoints taken inside a prefill call): after t[i] of T tokens,
+ * the recurrent state and conv ring, CUDA (the call in pieces) against the CPU (copied inside
+ * its token loop); the output as in check_gdn. */
+static void check_gdn_snaps(struct pair *p, const struct config *c, const char *tag, int T, int pos0) {
+    const int Hv = c->linear_num_value_heads, H = c->hidden_size;
+    const size_t row = (size_t)c->conv_dim + c->value_dim + 2 * Hv, nproj = (size_t)T * row;
+    const size_t nh = (size_t)T * H, nwo = (size_t)H * c->value_dim;
+    const size_t nconv = (size_t)c->conv_dim * c->linear_conv_kernel_dim;
+    const size_t nst = (size_t)Hv * c->linear_key_head_dim * c->linear_value_head_dim;
+    uint16_t *proj = rand_bf16(nproj, 3.0f), *cw = rand_bf16(nconv, 0.5f), *cs = rand_bf16(nconv, 3.0f);
+    uint16_t *wo = rand_bf16(nwo, 0.05f), *h0 = rand_bf16(nh, 0.1f);
+    float *A_log = rand_f32(Hv, 1.0f), *dt_bias = rand_f32(Hv, 1.0f), *nw = rand_f32(c->linear_value_head_dim, 1.0f);
+    float *st = rand_f32(nst, 0.5f);
+    for (int i = 0; i < Hv; i++) A_log[i] = bf16r(A_log[i]), dt_bias[i] = bf16r(dt_bias[i]);
+    for (int i = 0; i < c->linear_value_head_dim; i++) nw[i] = bf16r(1.0f + 0.5f * nw[i]);
+    const int ts[3] = {1, T / 2 + 1, T};
+    uint16_t *out[2], *conv[2][3];
+    float *state[2][3];
+    struct backend *bes[2] = {p->cpu, p->gpu};
+    for (int b = 0; b < 2; b++) {
+        struct backend *be = bes[b];
+        void *dproj = up(be, proj, nproj * 2), *dcw = up(be, cw, nconv * 2), *dcs = up(be, cs, nconv * 2);
+        void *dwo = up(be, wo, nwo * 2), *dh = up(be, h0, nh * 2), *dA = up(be, A_log, Hv * 4);
+        void *ddt = up(be, dt_bias, Hv * 4), *dnw = up(be, nw, c->linear_value_head_dim * 4);
+        void *dst = up(be, st, nst * 4), *dpos = up(be, &pos0, sizeof pos0);
+        struct backend_snap sn = {3, {ts[0], ts[1], ts[2]}, {NULL}, {NULL}};
+        for (int i = 0; i < 3; i++) {
+            sn.state[i] = be->ops->alloc(be, nst * 4);
+            sn.conv[i] = be->ops->alloc(be, nconv * 2);
+        }
+        be->ops->gdn(be, dh, dproj, NULL, NULL, dcs, dcw, dA, ddt, dnw, dst, dwo, dpos, T, &sn);
+        out[b] = down(be, dh, nh * 2);
+        for (int i = 0; i < 3; i++) {
+            state[b][i] = down(be, sn.state[i], nst * 4);
+            conv[b][i] = down(be, sn.conv[i], nconv * 2);
+            be->ops->free(be, sn.state[i]);
+            be->ops->free(be, sn.conv[i]);
+        }
+        void *bufs[] = {dproj, dcw, dcs, dwo, dh, dA, ddt, dnw, dst, dpos};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s gdn with snapshots T=%d pos %d", tag, T, pos0);
+    EXPECT(close_bf16_tol3(what, out[1], out[0], nh, 1.0 / 64, 1.0 / 128, 5e-3), "%s", what);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "%s gdn snapshot after %d of %d: state", tag, ts[i], T);
+        EXPECT(close_f32(what, state[1][i], state[0][i], nst), "%s", what);
+        snprintf(what, sizeof what, "%s gdn snapshot after %d of %d: conv ring", tag, ts[i], T);
+        EXPECT(close_bf16(what, conv[1][i], conv[0][i], nconv), "%s", what);
+        free(state[0][i]), free(state[1][i]), free(conv[0][i]), free(conv[1][i]);
+    }
+    free(out[0]), free(out[1]), free(proj), free(cw), free(cs), free(wo), free(h0);
+    free(A_log), free(dt_bias), free(nw), free(st);
+}
+
 static void check_size(const char *size) {
     struct config c = make_config(size);
     int max_ctx = 4096, max_T = 64;
@@ -663,6 +718,8 @@ static void check_size(const char *size) {
     check_gdn(&p, &c, size, 1, 3, 0, 4, 1); /* the step started by the in_proj's count */
     check_gdn(&p, &c, size, 1, 3, 1, 6, 1);
     check_gdn(&p, &c, size, 3, 2, 0, 1, 1);
+    check_gdn_snaps(&p, &c, size, 45, 0);
+    check_gdn_snaps(&p, &c, size, 64, 130);
     p.gpu->ops->destroy(p.gpu);
     p.cpu->ops->destroy(p.cpu);
 }

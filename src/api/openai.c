@@ -617,8 +617,9 @@ void api_job_run(struct job *j, struct engine *eng) {
             /* the head opened choices with an element; usage chunks carry an empty list */
             j->out.len -= strlen("{\"index\":0,");
             strbuf_printf(&j->out, "],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,"
-                                 "\"total_tokens\":%d}}\n\n",
-                        j->res.n_prompt, usage_tokens, j->res.n_prompt + usage_tokens);
+                                 "\"total_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
+                        j->res.n_prompt, usage_tokens, j->res.n_prompt + usage_tokens,
+                        j->res.timings.cache_n);
         }
         strbuf_adds(&j->out, "data: [DONE]\n\n");
     }
@@ -680,11 +681,12 @@ json_t *api_job_response(struct job *j, int *status) {
                            "finish_reason", finish_reason(j, 0, 0));
     }
     const int n_gen = j->res.n_generated;
-    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:{s:i,s:i,s:i},s:o}", "id", j->id, "object",
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:{s:i,s:i,s:i,s:{s:i}},s:o}", "id", j->id, "object",
                      j->is_chat ? "chat.completion" : "text_completion", "created",
                      (json_int_t)j->created, "model", j->model_name, "system_fingerprint",
                      "strata", "choices", choice, "usage", "prompt_tokens", j->res.n_prompt,
                      "completion_tokens", n_gen, "total_tokens", j->res.n_prompt + n_gen,
+                     "prompt_tokens_details", "cached_tokens", j->res.timings.cache_n,
                      "timings", timings_json(&j->res.timings));
 }
 
@@ -756,6 +758,27 @@ json_t *api_tokenize(struct tokenizer *tok, const char *body, size_t len, struct
 fail:
     json_decref(rq);
     return NULL;
+}
+
+json_t *api_apply_template(const struct chat_template *tmpl, const char *body, size_t len,
+                           struct api_error *e) {
+    json_t *rq = parse_body(body, len, e);
+    if (!rq) return NULL;
+    if (!json_is_array(json_object_get(rq, "messages"))) {
+        bad(e, "messages", "'messages' (an array) is required");
+        json_decref(rq);
+        return NULL;
+    }
+    char *prompt = NULL;
+    struct error err;
+    json_t *r = NULL;
+    if (chat_render(tmpl, rq, &prompt, &err) != 0)
+        bad(e, "messages", "%s", err.msg);
+    else
+        r = json_pack("{s:s}", "prompt", prompt);
+    free(prompt);
+    json_decref(rq);
+    return r;
 }
 
 json_t *api_detokenize(struct tokenizer *tok, const char *body, size_t len, struct api_error *e) {

@@ -89,5 +89,9 @@ json_t *api_job_response(struct job *j, int *status);
 json_t *api_models_json(const char *model_name, long created, struct model *m);
 json_t *api_tokenize(struct tokenizer *tok, const char *body, size_t len, struct api_error *e);
 json_t *api_detokenize(struct tokenizer *tok, const char *body, size_t len, struct api_error *e);
+/* POST /apply-template (llama-server's): a chat request's messages (tools, template kwargs) ->
+ * {"prompt": the exact text the model would be given}. */
+json_t *api_apply_template(const struct chat_template *tmpl, const char *body, size_t len,
+                           struct api_error *e);
 
 #endif

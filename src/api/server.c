@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "text/chat.h"
+#include "engine/cache.h"
 #include "engine/engine.h"
 #include "openai.h"
 #include "text/tokenizer.h"
@@ -45,6 +46,7 @@ enum route {
     ROUTE_METRICS,
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
+    ROUTE_APPLY_TEMPLATE,
     ROUTE_OPTIONS,
 };
 
@@ -65,6 +67,7 @@ static const struct {
     {"/metrics", ROUTE_METRICS, "GET", 0},
     {"/tokenize", ROUTE_TOKENIZE, "POST", 0},
     {"/detokenize", ROUTE_DETOKENIZE, "POST", 0},
+    {"/apply-template", ROUTE_APPLY_TEMPLATE, "POST", 0},
 };
 
 static const double ttft_buckets_s[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -72,12 +75,13 @@ static const double ttft_buckets_s[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 struct metrics {
     unsigned long requests, errors, generations, cancelled;
-    unsigned long prompt_tokens, generated_tokens;
+    unsigned long prompt_tokens, generated_tokens, cached_tokens;
     double prompt_seconds, decode_seconds, emit_seconds;
     double last_prompt_tps, last_decode_tps;
     unsigned long ttft_bucket[N_TTFT_BUCKETS + 1]; /* cumulative at render time */
     double ttft_sum_s;
     unsigned long ttft_count;
+    struct cache_stats cache; /* the engine's, as of its last request */
 };
 
 struct server {
@@ -143,6 +147,8 @@ static void metrics_record(struct server *s, const struct job *j) {
     if (r->finish == ENGINE_FINISH_CANCELLED) m->cancelled++;
     m->generations++;
     m->prompt_tokens += (unsigned long)r->timings.prompt_n; /* prefilled: no reused prefix */
+    m->cached_tokens += (unsigned long)r->timings.cache_n;
+    engine_cache_stats(s->engine, &m->cache);
     m->generated_tokens += (unsigned long)r->n_generated;
     m->prompt_seconds += r->timings.prompt_ms / 1e3;
     m->decode_seconds += r->timings.predicted_ms / 1e3;
@@ -395,6 +401,24 @@ static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c)
     strbuf_printf(&b, "strata_ttft_seconds_bucket{le=\"+Inf\"} %lu\n", cum);
     strbuf_printf(&b, "strata_ttft_seconds_sum %.6f\nstrata_ttft_seconds_count %lu\n", m.ttft_sum_s,
                 m.ttft_count);
+    strbuf_printf(&b, "# HELP strata_prompt_tokens_cached_total Prompt tokens resumed from the prefix "
+                    "cache.\n# TYPE strata_prompt_tokens_cached_total counter\n"
+                    "strata_prompt_tokens_cached_total %lu\n", m.cached_tokens);
+    strbuf_printf(&b, "# HELP strata_cache_hits_total Requests that resumed a cached prefix.\n"
+                    "# TYPE strata_cache_hits_total counter\nstrata_cache_hits_total %ld\n"
+                    "# HELP strata_cache_misses_total Requests with no cached prefix.\n"
+                    "# TYPE strata_cache_misses_total counter\nstrata_cache_misses_total %ld\n"
+                    "# HELP strata_cache_evictions_total Cached sequences and checkpoints reused for "
+                    "other prefixes.\n# TYPE strata_cache_evictions_total counter\n"
+                    "strata_cache_evictions_total %ld\n"
+                    "# HELP strata_cache_checkpoints_total DeltaNet state checkpoints taken.\n"
+                    "# TYPE strata_cache_checkpoints_total counter\nstrata_cache_checkpoints_total %ld\n",
+                m.cache.hits, m.cache.misses, m.cache.evictions, m.cache.ckpts_taken);
+    strbuf_printf(&b, "# HELP strata_cache_bytes Device memory of the cache entries that hold a prefix.\n"
+                    "# TYPE strata_cache_bytes gauge\nstrata_cache_bytes %zu\n"
+                    "# HELP strata_cache_budget_bytes Device memory of the prefix cache.\n"
+                    "# TYPE strata_cache_budget_bytes gauge\nstrata_cache_budget_bytes %zu\n",
+                m.cache.bytes_held, m.cache.budget_bytes);
     strbuf_printf(&b, "# HELP strata_queue_depth Requests waiting for the engine.\n"
                     "# TYPE strata_queue_depth gauge\nstrata_queue_depth %d\n",
                 q);
@@ -545,6 +569,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                                 : api_detokenize(s->tok, cn->body.s, cn->body.len, &e);
         return r ? respond_json(c, 200, r) : respond_error(s, c, &e);
     }
+    case ROUTE_APPLY_TEMPLATE: {
+        struct api_error e = {0};
+        json_t *r = api_apply_template(&s->tmpl, cn->body.s, cn->body.len, &e);
+        return r ? respond_json(c, 200, r) : respond_error(s, c, &e);
+    }
     case ROUTE_CHAT:
     case ROUTE_COMPLETIONS:
         return serve_generation(s, c, cn);
@@ -631,6 +660,13 @@ struct server *server_start(const struct server_options *o, struct error *err) {
     if (!s->model) goto fail;
     s->engine = engine_create(s->model, s->tok);
     engine_set_prefix_reuse(s->engine, !s->opt.no_prefix_reuse);
+    if (!s->opt.no_prefix_reuse) {
+        engine_set_cache(s->engine, s->opt.cache_bytes);
+        engine_cache_stats(s->engine, &s->met.cache);
+        if (!s->opt.quiet)
+            fprintf(stderr, "strata serve: prefix cache of %.2f GiB: %d sequences, %d checkpoints\n",
+                    s->met.cache.budget_bytes / 1073741824.0, s->met.cache.n_seqs, s->met.cache.n_ckpts);
+    }
     if (s->opt.no_http) return s;
 
     if (pthread_create(&s->engine_thread, NULL, engine_main, s) != 0) {

@@ -25,6 +25,7 @@ struct server_options {
     size_t max_body_bytes;  /* default 8 MiB */
     int quiet;              /* no log lines */
     int no_prefix_reuse;    /* every request prefills its whole prompt (see engine.h) */
+    size_t cache_bytes;     /* the prefix cache's budget; 0: half the device memory left free */
     int allow_forced_output; /* accept "strata_forced_output" (tests only) */
     int no_http;            /* load only: no listener, no engine thread (server_run_inprocess) */
 };

@@ -1,6 +1,8 @@
 /* serve.c - `strata serve`: options, signal handling (SIGINT/SIGTERM taken synchronously
  * by the main thread, then a clean server_stop), the ready line with the URL. Kept apart from
  * server.c so the library's server can be linked without main.c (cli_default_model_dir). */
+#include <ctype.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,11 +12,31 @@
 #include "cli.h"
 #include "api/server.h"
 
+/* "123", "512M", "8G", "1.5GiB", "64KB" (powers of 1024) -> bytes; -1 if malformed or zero. */
+static int parse_size(const char *v, size_t *out) {
+    char *end;
+    errno = 0;
+    const double x = strtod(v, &end);
+    if (errno || end == v || !(x > 0)) return -1;
+    double mul = 1;
+    const char *units = "KMGT", *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    if (u) {
+        for (const char *k = units; k <= u; k++) mul *= 1024;
+        end++;
+        if (*end == 'i') end++;
+        if (*end == 'B' || *end == 'b') end++;
+    }
+    if (*end || x * mul > 1e18) return -1;
+    *out = (size_t)(x * mul);
+    return *out ? 0 : -1;
+}
+
 static void serve_usage(FILE *f) {
     fprintf(f, "usage: strata serve [--model DIR] [--host 127.0.0.1] [--port 8080] [--ctx N]\n"
                "                    [--api-key KEY] [--backend cpu|cuda|auto] [--threads N]\n"
                "                    [--alias NAME] [--queue N] [--max-body BYTES] [--quiet]\n"
-               "                    [--no-prefix-cache]\n"
+               "                    [--no-prefix-cache] [--cache-mem SIZE]  (bytes, or 512M, 8G: the\n"
+               "                    prefix cache's memory; default half the device memory left)\n"
                "                    [--tokenizer-dir DIR]  (tokenizer.json + template; default --model)\n"
                "                    [--test-forced-output]  (tests: accept strata_forced_output)\n");
 }
@@ -37,6 +59,14 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--quiet")) o.quiet = 1;
         else if (!strcmp(a, "--test-forced-output")) o.allow_forced_output = 1;
         else if (!strcmp(a, "--no-prefix-cache")) o.no_prefix_reuse = 1;
+        else if (!strcmp(a, "--cache-mem") && v) {
+            if (parse_size(v, &o.cache_bytes) != 0) {
+                fprintf(stderr, "strata serve: --cache-mem '%s': expected a size such as 8G, 512M or "
+                                "a byte count\n", v);
+                return 2;
+            }
+            i++;
+        }
         else if (!strcmp(a, "--backend") && v) {
             if (!strcmp(v, "cpu")) o.model.backend = BACKEND_CPU;
             else if (!strcmp(v, "cuda")) o.model.backend = BACKEND_CUDA;

@@ -266,7 +266,7 @@ int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
         }
         int j = i, end = n;
         while (j < k && j - i < BACKEND_MAX_SNAPS) j++;
-        if (j < k) end = at[j]; /* the next piece starts at the checkpoint after these */
+        if (j < k) end = at[j - 1]; /* more follow: this piece ends at its last checkpoint */
         int rel[BACKEND_MAX_SNAPS];
         for (int q = i; q < j; q++) rel[q - i] = at[q] - pos;
         if (model_prefill_ckpt(m, prompt + pos, end - pos, cks + i, rel, j - i, err) != 0) {

@@ -626,7 +626,7 @@ static void logits_rows(struct model *m, int row, int rows) {
 }
 
 /* Feeds ids[0..n) in calls of at most max_T tokens; ck[i] takes the state after the first
- * at[i] of them (0 < at[i] < n, increasing), taken inside the calls (no extra pass). */
+ * at[i] of them (0 < at[i] <= n, increasing), taken inside the calls (no extra pass). */
 static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
                    int want_logits, struct model_ckpt *const *ck, const int *at, int n_ck,
                    struct error *err) {
@@ -643,7 +643,7 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
                                   "(%d)", ids[i], i, c->vocab_size);
     uint16_t *tmp = all_logits ? xmalloc((size_t)LOGITS_ROWS * c->vocab_size * 2) : NULL;
     int32_t *pos_ids = xmalloc((size_t)(m->max_T + 1) * sizeof *pos_ids);
-    for (int i = 0; i < n_ck; i++) CHECK(at[i] > (i ? at[i - 1] : 0) && at[i] < n);
+    for (int i = 0; i < n_ck; i++) CHECK(at[i] > (i ? at[i - 1] : 0) && at[i] <= n);
     int next_ck = 0;
     for (int done = 0; done < n;) {
         int T = n - done < m->max_T ? n - done : m->max_T;

@@ -83,7 +83,7 @@ int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
                   struct error *err);
 
 /* model_prefill that also fills checkpoints partway: ck[i] gets the state after the first at[i]
- * tokens (0 < at[i] < n, increasing), taken inside the forward calls (no extra pass over the
+ * tokens (0 < at[i] <= n, increasing), taken inside the forward calls (no extra pass over the
  * weights). */
 int model_prefill_ckpt(struct model *m, const int32_t *ids, int n, struct model_ckpt *const *ck,
                        const int *at, int n_ck, struct error *err);

@@ -27,8 +27,17 @@ ok '[ "$(grep -c "^data: {" "$tmp/sse")" -ge 2 ]' "streamed events"
 ok '[ "$(grep "^data: " "$tmp/sse" | tail -n 1)" = "data: [DONE]" ]' "[DONE] last"
 ok '! grep -v "^data: " "$tmp/sse" | grep -q .' "only data lines and blank separators"
 ok 'grep -q "\"finish_reason\":\"" "$tmp/sse"' "finish_reason in the stream"
+# the prefix cache: the same request again resumes all of its prompt; /metrics counts it
+curl -s "$url/v1/chat/completions" -H 'Content-Type: application/json' -d "${body/true/false}" >"$tmp/again"
+ok 'grep -q "\"prompt_tokens_details\":{\"cached_tokens\":[1-9]" "$tmp/again"' "cached_tokens on a re-send"
+curl -s "$url/metrics" >"$tmp/metrics"
+ok 'grep -q "^strata_cache_hits_total [1-9]" "$tmp/metrics" && grep -q "^strata_prompt_tokens_cached_total [1-9]" "$tmp/metrics"' "/metrics cache hits and cached tokens"
+ok 'grep -q "^strata_cache_budget_bytes [1-9]" "$tmp/metrics" && grep -q "^strata_cache_bytes [1-9]" "$tmp/metrics"' "/metrics cache bytes"
+ok '"$exe" serve --model "$model" --cache-mem 12Q 2>&1 | grep -q "cache-mem" ; [ "${PIPESTATUS[0]}" -eq 2 ]' "--cache-mem malformed: an error"
 
 code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
+ok '[ "$(code "$url/apply-template" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}")" = 200 ] && grep -q "\"prompt\":\"<|im_start|>user\\\\nHi<|im_end|>" "$tmp/body"' "/apply-template renders the prompt"
+ok '[ "$(code "$url/apply-template" -d "{\"messages\":3}")" = 400 ]' "/apply-template 400"
 ok '[ "$(code "$url/nope")" = 404 ]' "404"
 ok '[ "$(code -X DELETE "$url/v1/models")" = 405 ]' "405"
 ok '[ "$(code "$url/v1/chat/completions" -d "{bad")" = 400 ] && grep -q "line 1, column" "$tmp/body"' "400 malformed JSON with line/column"

@@ -105,6 +105,28 @@ async function main() {
   expect(usage && usage.completion_tokens === plain.usage.completion_tokens, "stream usage");
   expect(finish === plain.choices[0].finish_reason, "stream finish_reason");
   expect(chunks > 3, `one chunk per token (${chunks} chunks)`);
+  // the same prompt a second time: all of it from the prefix cache (OpenAI's field)
+  expect(usage?.prompt_tokens_details?.cached_tokens === usage?.prompt_tokens,
+    `identical re-send cached: ${JSON.stringify(usage)}`);
+
+  // a conversation as an SDK user writes it: the next turn resumes the first turn's prompt up to
+  // its assistant turn (where the template's rendering of the reply parts from the generation
+  // prompt, "<think>\n\n</think>\n\n": ~7 tokens), and a second client with the same system
+  // prompt in between resumes that prompt and leaves the first cached
+  const sys = { role: "system", content: "You answer in one short sentence, politely." };
+  const t1 = { ...base, messages: [sys, { role: "user", content: "Name a colour." }] };
+  const r1 = await client.chat.completions.create(t1);
+  const other = await client.chat.completions.create({ ...base, messages: [sys, { role: "user", content: "Name a fruit." }] });
+  expect(other.usage.prompt_tokens_details?.cached_tokens > 0 &&
+    other.usage.prompt_tokens_details.cached_tokens < other.usage.prompt_tokens,
+    `shared system prompt: ${JSON.stringify(other.usage)}`);
+  const t2 = { ...base, messages: [...t1.messages, r1.choices[0].message, { role: "user", content: "Another." }] };
+  const r2 = await client.chat.completions.create(t2);
+  expect(r2.usage.prompt_tokens_details?.cached_tokens >= r1.usage.prompt_tokens - 8 &&
+    r2.usage.prompt_tokens_details.cached_tokens > other.usage.prompt_tokens_details.cached_tokens,
+    `next turn: ${r2.usage.prompt_tokens_details?.cached_tokens} cached of ${r2.usage.prompt_tokens} ` +
+    `(the first turn's prompt had ${r1.usage.prompt_tokens})`);
+  expect(r2.timings?.cache_n === r2.usage.prompt_tokens_details?.cached_tokens, "timings.cache_n");
 
   // tools, non-streaming
   const tq = { ...base, tools, chat_template_kwargs: { enable_thinking: true }, strata_forced_output: forced };
