@@ -161,6 +161,8 @@ def main():
     ap.add_argument("--forced", action="store_true")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--pairs", default=None, help="writes 'cached:new,...' of the agent turns "
+                    "(strata bench --pp-at)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     srv = Server(a.url, a.model, a.api_key)
@@ -237,6 +239,10 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if a.pairs:
+        with open(a.pairs, "w") as f:
+            f.write(",".join(f"{r['cached']}:{r['prompt'] - r['cached']}" for r in agent
+                             if r["cached"] and r["prompt"] and r["prompt"] > r["cached"]))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,13 @@
  * sequence cut back in place when the pool has one sequence; eviction under a tiny budget (never
  * more checkpoints than the pool); a checkpoint at the very end of the context; a feed cancelled
  * between pieces (what it fed is cached, nothing more); checkpoints every N tokens inside a long
- * prompt. */
+ * prompt.
+ * STRATA_TEST_BACKEND=cuda runs it on the GPU (scripts: bench/multiturn.sh): there a resumed
+ * prompt is prefilled in other pieces than a fresh one, and cuBLAS rounds GEMMs of other shapes
+ * differently, so the logits must agree within 0.25 (the demo's logits span ~30; CUDA against
+ * the CPU differs by up to 0.16 on random 0.8B weights, run 130) and the greedy tokens exactly
+ * (the demo model is trained: its top choices are far apart). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +28,7 @@
 static struct tokenizer *tok;
 static struct model *m, *ref;
 static int V;
+static int on_gpu;
 
 struct prompt {
     int32_t *ids;
@@ -70,8 +77,11 @@ static int run(struct cache *c, struct prompt p, int n_gen, int32_t *gen, const 
     model_reset(ref);
     CHECK(model_prefill(ref, p.ids, p.n, NULL, &err) == 0);
     model_logits(ref, b);
-    EXPECT(memcmp(a, b, (size_t)V * sizeof *a) == 0,
-           "%s: logits after resuming %d of %d tokens differ from a fresh prefill", what, r, p.n);
+    float dmax = 0;
+    for (int i = 0; i < V; i++) dmax = fabsf(a[i] - b[i]) > dmax ? fabsf(a[i] - b[i]) : dmax;
+    EXPECT(on_gpu ? dmax <= 0.25f : memcmp(a, b, (size_t)V * sizeof *a) == 0,
+           "%s: logits after resuming %d of %d tokens differ from a fresh prefill (max %g)", what,
+           r, p.n, dmax);
     for (int i = 0; i < n_gen; i++) {
         const int32_t x = model_argmax(m), y = model_argmax(ref);
         EXPECT(x == y, "%s: token %d after the prompt: %d, fresh %d", what, i, x, y);
@@ -95,7 +105,10 @@ int main(void) {
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     tok = tokenizer_load(path, &err);
     CHECK(tok);
-    struct model_options o = {.backend = BACKEND_CPU, .ctx = 1024, .n_threads = 1, .quiet = 1};
+    const char *want = getenv("STRATA_TEST_BACKEND");
+    on_gpu = want && !strcmp(want, "cuda");
+    struct model_options o = {.backend = on_gpu ? BACKEND_CUDA : BACKEND_CPU, .ctx = 1024,
+                              .n_threads = 1, .quiet = 1};
     m = model_load(dir, &o, &err);
     ref = model_load(dir, &o, &err);
     CHECK(m && ref);

@@ -93,6 +93,7 @@ int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     struct model_options opt = {0};
     int long_ctx = 1, reps = 5, tg_only = 0, at = 0;
+    const char *pp_at = NULL; /* "P:N,P:N": prefill N tokens after P (the prefix cache's resume) */
     opt.ctx = 33280; /* room for the 32k-context measurement */
     opt.backend = BACKEND_AUTO;
     for (int i = 0; i < argc; i++) {
@@ -108,6 +109,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--model") && v) dir = v, i++;
         else if (!strcmp(a, "--short")) long_ctx = 0;
         else if (!strcmp(a, "--tg-only")) tg_only = 1, long_ctx = 0;
+        else if (!strcmp(a, "--pp-at") && v) pp_at = v, i++;
         else if (!strcmp(a, "--backend") && v) {
             opt.backend = !strcmp(v, "cpu") ? BACKEND_CPU : !strcmp(v, "cuda") ? BACKEND_CUDA
                                                                                : BACKEND_AUTO;
@@ -115,7 +117,8 @@ int cmd_bench(int argc, char **argv) {
         } else {
             fprintf(stderr, "usage: strata bench [--model DIR] [--backend cpu|cuda] [--ctx N] "
                             "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)] "
-                            "[--at N (decode at a context of N tokens alone)]\n");
+                            "[--at N (decode at a context of N tokens alone)] "
+                            "[--pp-at P:N[,P:N...] (prefill of N tokens after P, first token chosen)]\n");
             return 2;
         }
     }
@@ -159,6 +162,29 @@ int cmd_bench(int argc, char **argv) {
     }
 
     double v[32];
+    if (pp_at) { /* what a resumed prompt costs without the cache's part: N new tokens at P */
+        for (const char *q = pp_at; *q;) {
+            int P = -1, N = -1, used = 0;
+            if (sscanf(q, "%d:%d%n", &P, &N, &used) != 2 || P < 0 || N < 1 || P + N >= ctx) {
+                fprintf(stderr, "strata bench: --pp-at '%s': expected P:N pairs with P + N < %d\n", q, ctx);
+                model_free(m);
+                return 2;
+            }
+            for (int r = 0; r < reps; r++) {
+                if (P > 0 && time_prefill(m, P, 1, &err) < 0) break;
+                if (P == 0) model_reset(m);
+                double t = time_prefill(m, N, 0, &err), t0 = now_ms();
+                model_argmax(m); /* the first token's choice, as a request's TTFT counts it */
+                v[r] = t + (now_ms() - t0);
+            }
+            double ms = median(v, reps);
+            printf("prefill %d at %d %s: %.2f ms (%.0f tok/s)\n", N, P, dir, ms, N / ms * 1e3);
+            q += used;
+            if (*q == ',') q++;
+        }
+        model_free(m);
+        return 0;
+    }
     if (at > 0) { /* quick A/B of long-context decode: 48 steps after a prompt of N - 1 tokens */
         if (at + 50 > ctx) {
             fprintf(stderr, "strata bench: --at %d needs a context of %d (have %d)\n", at, at + 50,
