@@ -695,7 +695,7 @@ static void op_destroy(struct backend *be) {
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
                     cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_sz, cu->early_cnt, cu->counters,
-                    cu->argmax_part, cu->n_posts, cu->blas_ws, cu->trace, cu->ktrace};
+                    cu->snap_pos, cu->argmax_part, cu->n_posts, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
     for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_destroy(cu->prof.ev[i]);
