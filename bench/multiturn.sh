@@ -3,12 +3,15 @@
 # a random-weight checkpoint of SIZE's shape (replies teacher-forced to in-vocabulary text with
 # --test-forced-output: the server still runs every decode step), then `strata bench --pp-at`
 # for each agent turn's new tokens at their position (the prefill the cache cannot save); first
-# tests/test_cache.c on the CUDA backend (the demo model, resumed against fresh prefills).
+# tests/test_cache.c on the CUDA backend (the demo model, resumed against fresh prefills): the
+# testcache step.
 #
 # The GPU machine lacks the Debian libraries strata links, so the server is built here and
 # travels with the runtime .debs it needs (~17 MiB in .carry/server, git-ignored):
 #   bash bench/multiturn.sh stage                                  # here
 #   run(carry=[".carry/server"]): bash bench/multiturn.sh run      # on the GPU machine
+#   run(carry=[".carry/server/debs", ".carry/tc"]): bash bench/multiturn.sh testcache
+# (the tree and both binaries with the debs pass the 64 MiB a call carries)
 # Output: $OUT/multiturn.md, $OUT/multiturn.json. Env: SIZE (4b), CTX (32768), MAXTOK (48).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +20,10 @@ stage)
     NVCC_PATH=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     make -j"$(nproc)" BUILD=build-http-gpu NVCC="$NVCC_PATH" build-http-gpu/strata \
         build-http-gpu/tests/test_cache || exit 1
-    mkdir -p .carry/server/debs
-    cp build-http-gpu/strata build-http-gpu/tests/test_cache .carry/server/
+    mkdir -p .carry/server/debs .carry/tc
+    cp build-http-gpu/strata .carry/server/
+    cp build-http-gpu/tests/test_cache .carry/tc/
+    strip .carry/server/strata .carry/tc/test_cache
     (cd .carry/server/debs && rm -f ./*.deb &&
         apt-get download libffi8 libjansson4 libtasn1-6 libmicrohttpd12 libidn2-0 libpcre2-8-0 \
             libnettle8 libhogweed6 libp11-kit0 libunistring2 libgmp10 libgnutls30 libicu72) || exit 1
@@ -33,8 +38,6 @@ run)
     M=/dev/shm/strata-models/$SIZE
     [ -f "$M/config.json" ] || python3 tools/compare_transformers.py random --size "$SIZE" --out "$M" 2>&1 | tail -1
     S=.carry/server/strata
-    echo "== test_cache on the GPU (resumed vs fresh prefill of the demo model, CUDA backend)"
-    STRATA_TEST_BACKEND=cuda timeout 120 .carry/server/test_cache 2>&1 | tail -8 | tee "$OUT/test_cache.txt"
     port=18080
     $S serve --model "$M" --tokenizer-dir demo --backend cuda --ctx "${CTX:-32768}" --port $port \
         --test-forced-output >"$OUT/serve.log" 2>&1 &
@@ -52,8 +55,16 @@ run)
         --pp-at "$pairs" 2>/dev/null | tee -a "$OUT/multiturn.md"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     ;;
+testcache) # tests/test_cache.c on the CUDA backend: carry .carry/server/debs and .carry/tc
+    OUT=${OUT:-/tmp/strata-gpu-out}
+    mkdir -p "$OUT" /tmp/mt-root
+    for f in .carry/server/debs/*.deb; do dpkg -x "$f" /tmp/mt-root; done
+    export LD_LIBRARY_PATH=/tmp/mt-root/usr/lib/x86_64-linux-gnu:$(dirname "$(command -v nvcc)")/../lib64
+    echo "== test_cache on the GPU (resumed vs fresh prefills of the demo model, CUDA backend)"
+    STRATA_TEST_BACKEND=cuda timeout 120 .carry/tc/test_cache 2>&1 | tail -12 | tee "$OUT/test_cache.txt"
+    ;;
 *)
-    echo "usage: bash bench/multiturn.sh stage|run" >&2
+    echo "usage: bash bench/multiturn.sh stage|run|testcache" >&2
     exit 2
     ;;
 esac
