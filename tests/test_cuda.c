@@ -381,7 +381,12 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
          * score by ~2^-8 of itself and every softmax weight with it: an output that is a small
          * difference of values gets an absolute error of ~2^-8 of their scale, so the absolute
          * term here is 2^-7 of the RMS (seen: 0.0018 at an RMS of ~0.3 on a 9B prompt) */
-        EXPECT(close_bf16_tol3(what, res[1][s], res[0][s], nout, 1.0 / 64, 1.0 / 128, 5e-3), "%s", what);
+        /* prefill over spread keys: near-tied large scores; the rare one-ulp flips of q and k
+         * between the backends' own norms (k cache check below) move such a score by up to
+         * ~2^-8 * 2 * 7.6 / 16 and shift weight between the tied keys (seen: 0.0020 for 0.0001,
+         * 9B T = 300 at 700, alike with bf16 and split P): 2^-6 of the RMS there */
+        const double abs_frac = spread > 0.0f && T > 1 ? 1.0 / 64 : 1.0 / 128;
+        EXPECT(close_bf16_tol3(what, res[1][s], res[0][s], nout, 1.0 / 64, abs_frac, 5e-3), "%s", what);
         free(res[0][s]), free(res[1][s]);
     }
     snprintf(what, sizeof what, "%s k cache after pos=%d T=%d", tag, pos0, T);
@@ -724,6 +729,53 @@ static void check_size(const char *size) {
     p.cpu->ops->destroy(p.cpu);
 }
 
+/* The prefill kernels (flash attention on tensor cores, the chunked delta rule) on prompts of up
+ * to 1,000 tokens: from position 0 and continuing a cached prefix (pos 100, 3,000), lengths that
+ * are and are not multiples of their tiles (64 queries / keys, 64-token chunks), with a random
+ * state carried in (check_gdn starts from one) and a second call continuing the first. The
+ * tolerances are check_attention's and check_gdn's: the flash kernel rounds the softmax weights
+ * to bf16 for the P V product (a relative error of ~2^-9 per weight, ~1e-3 of the output's RMS
+ * where cpu.c keeps fp32 weights: far inside the 2^-7 RMS term), and the chunked delta rule is
+ * the recurrent one regrouped, fp32 throughout (qwen35-model.md 4.2: ~1e-6 relative). With
+ * `wide` (issue 30's shapes, 27B-like): 6 query heads per KV head and 3 value heads per key
+ * head, which the decode kernels do not take yet, so prefill only (T > 1). */
+static void check_prefill(const char *size, int wide) {
+    struct config c = make_config(size);
+    if (wide) {
+        c.num_attention_heads = 24, c.linear_num_value_heads = 48;
+        c.value_dim = c.linear_num_value_heads * c.linear_value_head_dim;
+        c.conv_dim = 2 * c.key_dim + c.value_dim;
+    }
+    const int max_ctx = 4096, max_T = 1024;
+    struct error err = {{0}};
+    struct pair p;
+    p.cpu = backend_cpu_create(&c, max_ctx, max_T, 0);
+    p.gpu = backend_cuda_create(&c, max_ctx, max_T, &err);
+    CHECK(p.gpu);
+    char tag[48];
+    snprintf(tag, sizeof tag, "%s%s prefill", size, wide ? " G6 r3" : "");
+    printf("%s (nH %d, nKV %d, Hk %d, Hv %d), max_T %d:\n", tag, c.num_attention_heads,
+           c.num_key_value_heads, c.linear_num_key_heads, c.linear_num_value_heads, max_T);
+    check_attention(&p, &c, tag, max_ctx, 0, 2, 0);
+    check_attention(&p, &c, tag, max_ctx, 0, 64, 0);
+    check_attention(&p, &c, tag, max_ctx, 0, 65, 0);
+    check_attention(&p, &c, tag, max_ctx, 100, 200, 0);
+    check_attention(&p, &c, tag, max_ctx, 3000, 129, 0);
+    if (!wide) {
+        check_attention(&p, &c, tag, max_ctx, 0, 1000, 0);
+        check_attention(&p, &c, tag, max_ctx, 3000, 1000, 0);
+        check_attention_k(&p, &c, tag, max_ctx, 700, 300, 0, 7.0f, 0); /* scores spread widely */
+    }
+    for (int T = 2; T <= 7; T++) check_gdn(&p, &c, tag, T, 1, 0, T == 7 ? 300 : 0, 0);
+    check_gdn(&p, &c, tag, 64, 2, 0, 0, 0);
+    check_gdn(&p, &c, tag, 65, 2, 0, 130, 0);
+    check_gdn(&p, &c, tag, 200, 1, 0, 0, 0);
+    check_gdn(&p, &c, tag, 1000, 1, 0, wide ? 0 : 2000, 0);
+    check_gdn_snaps(&p, &c, tag, 200, 64);
+    p.gpu->ops->destroy(p.gpu);
+    p.cpu->ops->destroy(p.cpu);
+}
+
 /* Decode at the end of a 32,768-token cache: every split full (the two-level merge of 132 / 66
  * partials), the K/V append at the very last slot, and a graph replayed up to it. Same
  * tolerance as above: only summation order differs (over 32k keys the softmax weights are tiny
@@ -757,6 +809,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 4; i++) {
         if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;
         check_size(sizes[i]);
+        check_prefill(sizes[i], 0);
+        if (i == 2) check_prefill(sizes[i], 1);
         if (i < 2) check_long(sizes[i]);
     }
     return TEST_DONE();

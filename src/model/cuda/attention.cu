@@ -8,8 +8,9 @@
  * keys (default 512, run 40) a block per query head walks every key; beyond, split-KV
  * (flash-decoding) over a fixed grid of (nKV, splits) blocks whose chunk size follows *pos, the
  * partial softmaxes merged in its last blocks (last-block counters). The q/k norm, RoPE and K/V
- * append run in both. Prefill gives each (token, KV head) a warp that walks its keys with an
- * online softmax for the G query heads sharing that KV head. The softmax is online (rescaled
+ * append run in both. Prefill: the prep kernel, then causal flash attention on tensor cores
+ * (attn_flash_kernel; for head dims that are not a multiple of 64, a warp per (token, KV head)
+ * walking its keys for the G query heads sharing that KV head). The softmax is online (rescaled
  * running sums) rather than cpu.c's two passes: equal up to fp32 rounding. */
 #include "kernels.h"
 
@@ -714,6 +715,246 @@ attn_prefill_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const
     }
 }
 
+/* ---- prefill on tensor cores: causal flash attention ---------------------------------------
+ * Block (query tile, KV head): FA_BM = 64 query rows, each a (token, query head of the group)
+ * pair, row r = token t0 + r / G, head kvh G + r % G (FA_BM / G tokens per tile, any G <= 64;
+ * rows past the tile's tokens compute a clamped token's values and are not stored), so the G
+ * query heads of a KV head share every K/V tile. 4 warps x 16 rows. Keys in tiles of FA_BN = 64
+ * from 0 to *pos + the tile's last token (a prompt that continues a cached prefix attends to the
+ * cached keys; the causal mask only in the tiles that reach past the tile's first token).
+ * S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 operands, fp32 accumulation), fragments
+ * from shared memory through ldmatrix (K rows as they are, V transposed), rows of 16-byte chunks
+ * XOR-swizzled by row (no bank conflicts); K / V tiles double as a two-stage pipeline by cp.async
+ * (V of tile j loads while S of tile j is formed, K of tile j + 1 while P V runs), as
+ * FlashAttention-2 does. Online softmax in fp32, base 2. P enters the P V product as two bf16
+ * operands, bf16(P) and bf16(P - bf16(P)) (FA_PSPLIT): weights good to ~2^-17 like cpu.c's fp32
+ * ones. With bf16(P) alone (as flash kernels and SDPA do for a bf16 model) the error is ~2^-9 of
+ * each weight, and where a few keys share the weight and their values cancel (early tokens of a
+ * prompt) it reached 6% of an output against cpu.c (run 132: rel L2 2.2-2.6e-3, per-element
+ * failures at T = 1,000); the split costs 2.8% at 16k (run 132). Then
+ * out = bf16(bf16(o / l) * bf16(sigmoid(gate))). Keys past *pos + T are zero-filled (never read
+ * past the cache rows that exist; their V is 0, so masked P = 0 times them stays 0).
+ * Portable to any mma.sync GPU (sm_80 +); no wgmma / TMA.
+ * Bytes: Q and out 4 T nH hd, K / V 4 hd (pos + T) per query tile from L2 (~4 nKV hd T (pos +
+ * T / 2) / (FA_BM / G) in all); FLOPs: 4 nH hd T (pos + T / 2) (causal, both products). */
+#define FA_BM 64
+#define FA_BN 64
+#define FA_WARPS 4
+#ifndef FA_PSPLIT
+#define FA_PSPLIT 1 /* P V as (bf16(P) + bf16(P - bf16(P))) V: ~fp32 weights (see above) */
+#endif
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+/* 16 bytes global -> shared, asynchronously; src_bytes 0 zero-fills */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+/* d (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col) */
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* element offset of 16-byte chunk c of row r in a swizzled tile of HD-wide rows (HD >= 64) */
+template <int HD>
+static __device__ __forceinline__ int fa_swz(int r, int c) {
+    return r * HD + ((c ^ (r & 7)) << 3);
+}
+/* rows [0, FA_BN) of a K or V tile: rows r0 + i of src (row stride HD), zero where r0 + i >= n */
+template <int HD>
+static __device__ __forceinline__ void fa_load_tile(uint16_t *dst, const uint16_t *src, int r0, int n) {
+    constexpr int CPR = HD / 8;
+    for (int idx = threadIdx.x; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
+        const int r = idx / CPR, c = idx % CPR;
+        const bool ok = r0 + r < n;
+        cp_async16(smem_addr(dst + fa_swz<HD>(r, c)), ok ? src + (size_t)(r0 + r) * HD + c * 8 : src,
+                   ok ? 16 : 0);
+    }
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 2)
+attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
+                  const uint16_t *v_cache, const int32_t *pos, int T, int G, int nKV, int max_ctx,
+                  float scale_log2) {
+    static_assert(HD % 64 == 0, "head_dim: a multiple of 64");
+    constexpr int KS = HD / 16;  /* k-steps of Q K^T; n-tile pairs of P V */
+    constexpr int NT = FA_BN / 8; /* n-tiles of S */
+    extern __shared__ uint4 fa_sm[];
+    uint16_t *Qs = (uint16_t *)fa_sm, *Ks = Qs + FA_BM * HD, *Vs = Ks + FA_BN * HD;
+    const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE;
+    const int g8 = lane / 4, t4 = lane % 4; /* mma fragment coordinates */
+    const int TQ = FA_BM / G, nH = nKV * G;
+    const int qt = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y; /* long tiles first */
+    const int t0 = qt * TQ, t_last = min(t0 + TQ, T) - 1;
+    const int p0 = *pos;
+    const int n_keys = min(p0 + t_last + 1, max_ctx);
+    const uint16_t *kc = k_cache + (size_t)kvh * max_ctx * HD, *vc = v_cache + (size_t)kvh * max_ctx * HD;
+
+    /* Q rows and K tile 0 */
+    {
+        constexpr int CPR = HD / 8;
+        for (int idx = tid; idx < FA_BM * CPR; idx += FA_WARPS * WARP_SIZE) {
+            const int r = idx / CPR, c = idx % CPR;
+            const int t = min(t0 + min(r / G, TQ - 1), T - 1), h = kvh * G + r % G;
+            cp_async16(smem_addr(Qs + fa_swz<HD>(r, c)), q + ((size_t)t * nH + h) * HD + c * 8, 16);
+        }
+    }
+    fa_load_tile<HD>(Ks, kc, 0, n_keys);
+    cp_async_commit();
+
+    /* this thread's two rows (g8 and g8 + 8 of the warp's 16) and their last keys */
+    int lim[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = wid * 16 + g8 + 8 * hr;
+        lim[hr] = p0 + min(t0 + min(r / G, TQ - 1), T - 1);
+    }
+    float o[2 * KS][4];
+#pragma unroll
+    for (int n = 0; n < 2 * KS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    const int n_tiles = (n_keys + FA_BN - 1) / FA_BN;
+    for (int kt = 0; kt < n_tiles; kt++) {
+        cp_async_wait_all();
+        __syncthreads(); /* K tile kt (and Q) in; every warp done with V tile kt - 1 */
+        fa_load_tile<HD>(Vs, vc, kt * FA_BN, n_keys);
+        cp_async_commit();
+
+        /* S = Q K^T: the warp's 16 rows x FA_BN keys */
+        float s[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        const int mat = lane / 8, mr = lane % 8;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[4];
+            ldmatrix_x4(a, smem_addr(Qs + fa_swz<HD>(wid * 16 + mr + (mat & 1) * 8, 2 * ks + (mat >> 1))));
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                uint32_t b[4];
+                ldmatrix_x4(b, smem_addr(Ks + fa_swz<HD>(16 * p + mr + (mat >> 1) * 8, 2 * ks + (mat & 1))));
+                mma_bf16(s[2 * p], a, b[0], b[1]);
+                mma_bf16(s[2 * p + 1], a, b[2], b[3]);
+            }
+        }
+
+        /* mask, online softmax (base 2), P as bf16 A fragments */
+        const int j0 = kt * FA_BN;
+        const bool need_mask = j0 + FA_BN - 1 > p0 + t0;
+        float corr[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float x = s[n][2 * hr + e] * scale_log2;
+                    if (need_mask && j0 + 8 * n + 2 * t4 + e > lim[hr]) x = -INFINITY;
+                    s[n][2 * hr + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, shfl_xor(mx, 1));
+            mx = fmaxf(mx, shfl_xor(mx, 2));
+            const float mn = fmaxf(m[hr], mx);
+            const float base = mn == -INFINITY ? 0.0f : mn;
+            corr[hr] = exp2f(m[hr] - base);
+            float ps = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float pr = exp2f(s[n][2 * hr + e] - base);
+                    s[n][2 * hr + e] = pr;
+                    ps += pr;
+                }
+            l[hr] = l[hr] * corr[hr] + ps;
+            m[hr] = mn;
+        }
+#pragma unroll
+        for (int n = 0; n < 2 * KS; n++) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+
+        cp_async_wait_all();
+        __syncthreads(); /* V tile kt in; every warp done with K tile kt */
+        if (kt + 1 < n_tiles) {
+            fa_load_tile<HD>(Ks, kc, (kt + 1) * FA_BN, n_keys);
+            cp_async_commit();
+        }
+
+        /* O += P V */
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++) {
+            uint32_t a[4], lo[4];
+            const float *e0 = s[2 * kk], *e1 = s[2 * kk + 1];
+            a[0] = pack_bf(e0[0], e0[1]);
+            a[1] = pack_bf(e0[2], e0[3]);
+            a[2] = pack_bf(e1[0], e1[1]);
+            a[3] = pack_bf(e1[2], e1[3]);
+            if (FA_PSPLIT) { /* what bf16 P leaves out, as a second bf16 operand */
+                lo[0] = pack_bf(e0[0] - lo_bf(a[0]), e0[1] - hi_bf(a[0]));
+                lo[1] = pack_bf(e0[2] - lo_bf(a[1]), e0[3] - hi_bf(a[1]));
+                lo[2] = pack_bf(e1[0] - lo_bf(a[2]), e1[1] - hi_bf(a[2]));
+                lo[3] = pack_bf(e1[2] - lo_bf(a[3]), e1[3] - hi_bf(a[3]));
+            }
+#pragma unroll
+            for (int p = 0; p < KS; p++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, smem_addr(Vs + fa_swz<HD>(16 * kk + mr + (mat & 1) * 8, 2 * p + (mat >> 1))));
+                mma_bf16(o[2 * p], a, b[0], b[1]);
+                mma_bf16(o[2 * p + 1], a, b[2], b[3]);
+                if (FA_PSPLIT) {
+                    mma_bf16(o[2 * p], lo, b[0], b[1]);
+                    mma_bf16(o[2 * p + 1], lo, b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    /* rows' sums over the 4 lanes of each row, then the gated output */
+    const size_t row = (size_t)2 * nH * HD + (size_t)2 * nKV * HD;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float lt = l[hr];
+        lt += shfl_xor(lt, 1);
+        lt += shfl_xor(lt, 2);
+        const int r = wid * 16 + g8 + 8 * hr, tl = r / G;
+        if (tl >= TQ || t0 + tl >= T) continue;
+        const int t = t0 + tl, h = kvh * G + r % G;
+        const float inv = 1.0f / lt;
+        const uint16_t *gate = qkv + (size_t)t * row + (size_t)h * 2 * HD + HD;
+        uint16_t *op = out + ((size_t)t * nH + h) * HD;
+#pragma unroll
+        for (int n = 0; n < 2 * KS; n++) {
+            const int d = 8 * n + 2 * t4;
+            const uint32_t gw = *(const uint32_t *)(gate + d);
+            const float v0 = bfr(o[n][2 * hr] * inv) * bfr(sigmoid_f(lo_bf(gw)));
+            const float v1 = bfr(o[n][2 * hr + 1] * inv) * bfr(sigmoid_f(hi_bf(gw)));
+            *(uint32_t *)(op + d) = pack_bf(v0, v1); /* HF: attn_output * sigmoid(gate) */
+        }
+    }
+}
+
 extern "C" void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_ctx,
                                uint16_t *q_out, const uint16_t *qkv, const uint16_t *q_norm,
                                const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
@@ -803,11 +1044,40 @@ static void launch_prefill(struct cuda *cu, const struct config *c, int max_ctx,
     cu->n_launches++;
 }
 
+template <int HD>
+static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
+                         const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
+                         const uint16_t *v_cache, const int32_t *pos, int T) {
+    const int G = c->num_attention_heads / c->num_key_value_heads, TQ = FA_BM / G;
+    const size_t smem = (size_t)(FA_BM + 2 * FA_BN) * HD * sizeof(uint16_t);
+    static int opted; /* per template instance: the attribute is the kernel's, not the call's */
+    if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN(attn_flash_kernel<HD>, smem);
+    opted = 1;
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
+    attn_flash_kernel<HD><<<dim3((T + TQ - 1) / TQ, c->num_key_value_heads), FA_WARPS * WARP_SIZE,
+                            smem, cu->stream>>>(out, q, qkv, k_cache, v_cache, pos, T, G,
+                                                c->num_key_value_heads, max_ctx, scale_log2);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
+/* The flash kernel for head dims of 64, 128 and 256 (every Qwen3.5 size: 256; the demo model:
+ * 64) and any GQA group up to FA_BM; the warp-per-token kernel for other head dims. */
 extern "C" void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx,
                                   uint16_t *out, const uint16_t *q, const uint16_t *qkv,
                                   const uint16_t *k_cache, const uint16_t *v_cache,
                                   const int32_t *pos, int T) {
-    switch (c->num_attention_heads / c->num_key_value_heads) {
+    const int G = c->num_attention_heads / c->num_key_value_heads;
+    cuda_prof_split(cu, "attention flash (prefill)");
+    if (G <= FA_BM) {
+        switch (c->head_dim) {
+        case 256: launch_flash<256>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); return;
+        case 128: launch_flash<128>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); return;
+        case 64: launch_flash<64>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); return;
+        default: break;
+        }
+    }
+    switch (G) {
     case 1: launch_prefill<1>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
     case 2: launch_prefill<2>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
     case 4: launch_prefill<4>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;

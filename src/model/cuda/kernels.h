@@ -124,6 +124,8 @@ struct cuda {
     float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
     float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
+    float *gdn_w, *gdn_u; /* (max_T, Hv, dk), (max_T, Hv, dv) the chunked prefill's W and U */
+    float *gdn_a;      /* (max_T, Hv, 64) its in-chunk q k^T with decay (gdn.cu GDN_C) */
     float *gdn_sz;     /* (Hv, dv) decode: silu(z), from the step or (early) the in_proj */
     int *early_cnt;    /* (2 CUDA_EARLY_SLOTS,) decode: per mixer layer, the count of the early
                           GEMV's blocks with their early pairs written and the mixer's of its
@@ -163,6 +165,12 @@ static __device__ __forceinline__ void ktrace_stamp(unsigned long long *tr, int 
 /* Profiling hooks around each op (no-ops unless prof.on). */
 void cuda_prof_begin(struct cuda *cu, const char *name);
 void cuda_prof_end(struct cuda *cu);
+/* Inside an op's cuda_prof_begin / end: ends the part recorded so far and begins one named
+ * `name` (the op's time split between its kernels in the profile). */
+static inline void cuda_prof_split(struct cuda *cu, const char *name) {
+    cuda_prof_end(cu);
+    cuda_prof_begin(cu, name);
+}
 
 /* misc.cu */
 void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table, const int32_t *ids, int T,
