@@ -16,14 +16,12 @@
  * input. In a model's decode step the in_proj GEMV instead computes z last (and silu(z) with it)
  * and counts its other rows done: the step starts on that count, while z streams
  * (cuda_gemv_early).
- * Prefill: conv+norms+gates for every token in parallel, the conv state update, a scan over the
- * tokens per block with the state in registers, then the gated RMSNorm. */
+ * Prefill: conv+norms+gates for every token in parallel, the conv state update, the chunked
+ * delta rule (below: the in-chunk WY / UT products for every chunk at once, then a pass over the
+ * chunks per block of state columns), then the gated RMSNorm. */
 #include "kernels.h"
 
-#define GDN_COLS 16     /* value columns per block (prefill scan) */
-#define GDN_THREADS 128 /* 4 warps x 4 columns x 8 lanes (scan); the step: 8 or 4 lanes */
-
-#define GDN_CHUNK 32    /* tokens staged in shared memory per scan round */
+#define GDN_THREADS 128 /* the step: 4 warps x 4 columns x 8 or 4 lanes */
 
 static __device__ __forceinline__ float softplus_f(float u) { return u > 20.0f ? u : log1pf(expf(u)); }
 
@@ -308,49 +306,229 @@ static __global__ void gdn_conv_state_kernel(uint16_t *conv_state, const uint16_
     for (int s = T > 4 ? T - 4 : 0; s < T; s++) st[(*pos + s) & 3] = proj[(size_t)s * row + ch];
 }
 
-/* The delta rule over T tokens: block (value head, 16-column slice), state in registers, tokens
- * staged GDN_CHUNK at a time. Bytes: 8 Hv dk dv + T (8 Hk dk (from L2, per block) + 2 value_dim);
- * FLOPs: ~6 T Hv dk dv. */
-template <int NR>
-static __global__ void __launch_bounds__(GDN_THREADS)
-gdn_scan_kernel(uint16_t *o_out, float *state, const float *qk, const uint16_t *ybuf,
-                const float *bg, int T, int Hk, int Hv, int dv, int conv_dim) {
-    const int dk = NR * 8;
-    __shared__ float sq[GDN_CHUNK][NR * 8], sk[GDN_CHUNK][NR * 8];
-    __shared__ float sv[GDN_CHUNK][GDN_COLS], sb[GDN_CHUNK], sd[GDN_CHUNK];
-    const int v = blockIdx.x, col0 = blockIdx.y * GDN_COLS, kh = v / (Hv / Hk);
-    const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    const int c = lane / 8, rg = lane % 8, cl = wid * 4 + c, col = col0 + cl;
-    const int key_dim = Hk * dk;
-    float *Sg = state + (size_t)v * dk * dv + col;
-    float S[NR];
+/* ---- prefill: the chunked gated delta rule (qwen35-model.md 4.2) ----------------------------
+ * The tokens of the call in chunks of GDN_C = 64 (the last one short: its missing rows act as
+ * zero-padded steps, k = v = beta = g = 0, which change nothing), per value head v (key head
+ * kh = v / r), with gamma_i = sum_{s <= i} g_s inside the chunk:
+ *   A_kk[i][j] = beta_i (k_i . k_j) exp(gamma_i - gamma_j)  (j < i),   A_qk[i][j] = (q_i . k_j)
+ *   exp(gamma_i - gamma_j) (j <= i); W = (I + A_kk)^-1 (beta k exp(gamma)), U = (I + A_kk)^-1
+ *   (beta v) by forward substitution (the UT / WY form of flash-linear-attention's chunk.py and
+ *   transformers' torch_chunk_gated_delta_rule);
+ * then over the chunks in order, on the fp32 state S (dk, dv):
+ *   v_new = U - W S;  o = (q exp(gamma)) S + A_qk v_new;  S <- exp(gamma_last) S +
+ *   (k exp(gamma_last - gamma))^T v_new.
+ * gdn_chunk_prep_kernel does the first part for every (chunk, head) at once; the second part
+ * (gdn_chunk_state_kernel) is sequential in chunks but splits the state's value columns over
+ * blocks (each column of S, v_new and o depends only on its own column). All fp32 on CUDA cores
+ * (the recurrent form cpu.c runs is fp32, and the state carries every rounding forward): the
+ * same function as the scan it replaces up to fp32 rounding (~1e-6 relative). */
+#define GDN_C 64        /* tokens per chunk */
+#define GDN_CT 256      /* threads of both chunk kernels */
+#define GDN_PAD 4       /* floats of padding per shared row (16-byte rows, banks spread) */
+
+/* Block (chunk, value head). Writes W (T, Hv, dk), U (T, Hv, dv), A_qk (T, Hv, GDN_C) (zero
+ * above the diagonal) for the chunk's rows, and replaces bg's g of those rows by gamma.
+ * Shared: k, q (GDN_C, DK + pad), A_kk (GDN_C, GDN_C + pad), gamma, beta.
+ * Bytes: ~T Hv (8 dk (q, k from L2) + 2 dv + 4 (dk + dv + GDN_C)); FLOPs: ~T Hv (4 GDN_C dk + GDN_C
+ * (dk + dv)) */
+template <int DK, int DV>
+static __global__ void __launch_bounds__(GDN_CT, 1)
+gdn_chunk_prep_kernel(float *w_out, float *u_out, float *a_out, float *bg, const float *qk,
+                      const uint16_t *ybuf, int T, int Hk, int Hv, int conv_dim) {
+    extern __shared__ float4 cp_sm[];
+    constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD;
+    float *ks = (float *)cp_sm, *qs = ks + GDN_C * RS, *As = qs + GDN_C * RS;
+    float *gam = As + GDN_C * AS, *bet = gam + GDN_C;
+    const int c = blockIdx.x, v = blockIdx.y, kh = v / (Hv / Hk), tid = threadIdx.x;
+    const int t0 = c * GDN_C, L = min(GDN_C, T - t0), key_dim = Hk * DK;
+
+    for (int idx = tid; idx < GDN_C * DK / 4; idx += GDN_CT) {
+        const int i = idx / (DK / 4), d = idx % (DK / 4) * 4;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), qv = kv;
+        if (i < L) {
+            const float *base = qk + (size_t)(t0 + i) * 2 * key_dim + kh * DK + d;
+            qv = *(const float4 *)base;
+            kv = *(const float4 *)(base + key_dim);
+        }
+        *(float4 *)(ks + i * RS + d) = kv;
+        *(float4 *)(qs + i * RS + d) = qv;
+    }
+    if (tid < GDN_C) {
+        const bool ok = tid < L;
+        bet[tid] = ok ? bg[((size_t)(t0 + tid) * Hv + v) * 2] : 0.0f;
+        gam[tid] = ok ? bg[((size_t)(t0 + tid) * Hv + v) * 2 + 1] : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0) { /* HF: g = g.cumsum(dim=-1), in order */
+        float acc = 0.0f;
+        for (int i = 0; i < GDN_C; i++) gam[i] = acc += gam[i];
+    }
+    __syncthreads();
+    if (tid < L) bg[((size_t)(t0 + tid) * Hv + v) * 2 + 1] = gam[tid];
+
+    /* A_kk and A_qk: thread (i, j = j4 + 4 m) */
+    {
+        const int i = tid / 4, j4 = tid % 4;
+        float kk[GDN_C / 4], qq[GDN_C / 4];
 #pragma unroll
-    for (int m = 0; m < NR; m++) S[m] = Sg[(size_t)(rg + 8 * m) * dv];
-    for (int t0 = 0; t0 < T; t0 += GDN_CHUNK) {
-        const int n = min(GDN_CHUNK, T - t0);
-        __syncthreads();
-        for (int i = tid; i < n * dk; i += GDN_THREADS) {
-            int tt = i / dk, d = i % dk;
-            const float *base = qk + (size_t)(t0 + tt) * 2 * key_dim;
-            sq[tt][d] = base[kh * dk + d];
-            sk[tt][d] = base[key_dim + kh * dk + d];
+        for (int m = 0; m < GDN_C / 4; m++) kk[m] = qq[m] = 0.0f;
+        for (int d = 0; d < DK; d += 4) {
+            const float4 ki = *(const float4 *)(ks + i * RS + d), qi = *(const float4 *)(qs + i * RS + d);
+#pragma unroll
+            for (int m = 0; m < GDN_C / 4; m++) {
+                const float4 kj = *(const float4 *)(ks + (j4 + 4 * m) * RS + d);
+                kk[m] += ki.x * kj.x + ki.y * kj.y + ki.z * kj.z + ki.w * kj.w;
+                qq[m] += qi.x * kj.x + qi.y * kj.y + qi.z * kj.z + qi.w * kj.w;
+            }
         }
-        for (int i = tid; i < n * GDN_COLS; i += GDN_THREADS) {
-            int tt = i / GDN_COLS, j = i % GDN_COLS;
-            sv[tt][j] = bf2f(ybuf[(size_t)(t0 + tt) * conv_dim + 2 * key_dim + (size_t)v * dv + col0 + j]);
-        }
-        for (int tt = tid; tt < n; tt += GDN_THREADS) {
-            sb[tt] = bg[((size_t)(t0 + tt) * Hv + v) * 2];
-            sd[tt] = expf(bg[((size_t)(t0 + tt) * Hv + v) * 2 + 1]);
-        }
-        __syncthreads();
-        for (int tt = 0; tt < n; tt++) {
-            float o = delta_step<NR, 8>(S, sk[tt], sq[tt], sd[tt], sb[tt], sv[tt][cl], rg);
-            if (rg == 0) o_out[((size_t)(t0 + tt) * Hv + v) * dv + col] = f2bf(o);
+        const float bi = bet[i], gi = gam[i];
+#pragma unroll
+        for (int m = 0; m < GDN_C / 4; m++) {
+            const int j = j4 + 4 * m;
+            const float dec = j <= i ? expf(gi - gam[j]) : 0.0f; /* HF: decay_mask */
+            As[i * AS + j] = j < i ? bi * kk[m] * dec : 0.0f;
+            if (i < L) a_out[((size_t)(t0 + i) * Hv + v) * GDN_C + j] = qq[m] * dec;
         }
     }
+    __syncthreads();
+
+    /* forward substitution, a column of [W | U] per thread: x_i = b_i - sum_{j<i} A_kk[i][j] x_j */
+    for (int col = tid; col < DK + DV; col += GDN_CT) {
+        float x[GDN_C];
+        if (col < DK) {
 #pragma unroll
-    for (int m = 0; m < NR; m++) Sg[(size_t)(rg + 8 * m) * dv] = S[m];
+            for (int i = 0; i < GDN_C; i++) x[i] = bet[i] * ks[i * RS + col] * expf(gam[i]);
+        } else {
+            const uint16_t *vp = ybuf + 2 * (size_t)key_dim + (size_t)v * DV + (col - DK);
+#pragma unroll
+            for (int i = 0; i < GDN_C; i++) x[i] = i < L ? bet[i] * bf2f(vp[(size_t)(t0 + i) * conv_dim]) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 1; i < GDN_C; i++) {
+            float acc = x[i];
+#pragma unroll
+            for (int j = 0; j < i; j++) acc -= As[i * AS + j] * x[j];
+            x[i] = acc;
+        }
+        float *dst = col < DK ? w_out + (size_t)v * DK + col : u_out + (size_t)v * DV + (col - DK);
+        const int stride = col < DK ? Hv * DK : Hv * DV;
+#pragma unroll
+        for (int i = 0; i < GDN_C; i++)
+            if (i < L) dst[(size_t)(t0 + i) * stride] = x[i];
+    }
+}
+
+/* Block (value head, NC state columns), sequential over the chunks; the state slice in
+ * registers (DK / RG rows of one column per thread) and in shared memory for the products.
+ * Shared: S (DK, NC), W, q exp(gamma), k exp(gamma_last - gamma) (GDN_C, DK + pad), A_qk
+ * (GDN_C, GDN_C + pad), U, v_new (GDN_C, NC).
+ * Bytes: 8 Hv dk dv (state) + T Hv (dv / NC) 4 (3 dk + GDN_C) (W, q, k, A_qk from L2 per block) +
+ * 4 T Hv dv (U) + 2 T Hv dv (o); FLOPs: ~2 T Hv dv (3 dk + GDN_C). */
+template <int DK, int NC>
+static __global__ void __launch_bounds__(GDN_CT, 1)
+gdn_chunk_state_kernel(uint16_t *o_out, float *state, const float *w_in, const float *u_in,
+                       const float *a_in, const float *bg, const float *qk, int T, int Hk, int Hv,
+                       int dv) {
+    extern __shared__ float4 cs_sm[];
+    constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD, RG = GDN_CT / NC;
+    constexpr int ROWS = GDN_C / RG, DR = DK / RG; /* rows of v_new / o, state rows per thread */
+    static_assert(GDN_CT % NC == 0 && GDN_C % RG == 0 && DK % RG == 0 && DR % 4 == 0, "tiling");
+    float *Ss = (float *)cs_sm, *Ws = Ss + DK * NC, *Qs = Ws + GDN_C * RS, *Kd = Qs + GDN_C * RS;
+    float *As = Kd + GDN_C * RS, *Us = As + GDN_C * AS, *Vn = Us + GDN_C * NC;
+    const int v = blockIdx.x, col0 = blockIdx.y * NC, kh = v / (Hv / Hk), tid = threadIdx.x;
+    const int col = tid % NC, rg = tid / NC, key_dim = Hk * DK;
+    float *Sg = state + (size_t)v * DK * dv + col0 + col;
+    float S[DR];
+#pragma unroll
+    for (int e = 0; e < DR; e++) {
+        S[e] = Sg[(size_t)(rg * DR + e) * dv];
+        Ss[(rg * DR + e) * NC + col] = S[e];
+    }
+    for (int t0 = 0; t0 < T; t0 += GDN_C) {
+        const int L = min(GDN_C, T - t0);
+        const float glast = bg[((size_t)(t0 + L - 1) * Hv + v) * 2 + 1];
+        for (int idx = tid; idx < GDN_C * DK / 4; idx += GDN_CT) {
+            const int i = idx / (DK / 4), d = idx % (DK / 4) * 4;
+            float4 w = make_float4(0.0f, 0.0f, 0.0f, 0.0f), qv = w, kv = w;
+            if (i < L) {
+                const size_t r = (size_t)(t0 + i);
+                const float gi = bg[(r * Hv + v) * 2 + 1], eq = expf(gi), ek = expf(glast - gi);
+                w = *(const float4 *)(w_in + (r * Hv + v) * DK + d);
+                qv = *(const float4 *)(qk + r * 2 * key_dim + kh * DK + d);
+                kv = *(const float4 *)(qk + r * 2 * key_dim + key_dim + kh * DK + d);
+                qv.x *= eq, qv.y *= eq, qv.z *= eq, qv.w *= eq;
+                kv.x *= ek, kv.y *= ek, kv.z *= ek, kv.w *= ek;
+            }
+            *(float4 *)(Ws + i * RS + d) = w;
+            *(float4 *)(Qs + i * RS + d) = qv;
+            *(float4 *)(Kd + i * RS + d) = kv;
+        }
+        for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += GDN_CT) {
+            const int i = idx / (GDN_C / 4), j = idx % (GDN_C / 4) * 4;
+            *(float4 *)(As + i * AS + j) = i < L ? *(const float4 *)(a_in + ((size_t)(t0 + i) * Hv + v) * GDN_C + j)
+                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        for (int idx = tid; idx < GDN_C * NC; idx += GDN_CT) {
+            const int i = idx / NC, j = idx % NC;
+            Us[idx] = i < L ? u_in[((size_t)(t0 + i) * Hv + v) * dv + col0 + j] : 0.0f;
+        }
+        __syncthreads();
+
+        /* v_new = U - W S (HF: v_new = v_i - k_cumdecay[:, :, i] @ last_recurrent_state) */
+#pragma unroll
+        for (int m = 0; m < ROWS; m++) {
+            const int i = rg + RG * m;
+            float acc = 0.0f;
+            for (int d = 0; d < DK; d += 4) {
+                const float4 w = *(const float4 *)(Ws + i * RS + d);
+                acc += w.x * Ss[d * NC + col] + w.y * Ss[(d + 1) * NC + col] +
+                       w.z * Ss[(d + 2) * NC + col] + w.w * Ss[(d + 3) * NC + col];
+            }
+            Vn[i * NC + col] = Us[i * NC + col] - acc;
+        }
+        __syncthreads();
+
+        /* o = (q exp(gamma)) S + A_qk v_new (HF: attn_inter + attn @ v_new) */
+#pragma unroll
+        for (int m = 0; m < ROWS; m++) {
+            const int i = rg + RG * m;
+            float acc = 0.0f;
+            for (int d = 0; d < DK; d += 4) {
+                const float4 qv = *(const float4 *)(Qs + i * RS + d);
+                acc += qv.x * Ss[d * NC + col] + qv.y * Ss[(d + 1) * NC + col] +
+                       qv.z * Ss[(d + 2) * NC + col] + qv.w * Ss[(d + 3) * NC + col];
+            }
+            float acc2 = 0.0f;
+            for (int j = 0; j <= i; j++) acc2 += As[i * AS + j] * Vn[j * NC + col];
+            if (i < L) o_out[((size_t)(t0 + i) * Hv + v) * dv + col0 + col] = f2bf(acc + acc2);
+        }
+
+        /* S <- exp(gamma_last) S + (k exp(gamma_last - gamma))^T v_new */
+        {
+            const float el = expf(glast);
+            float acc[DR];
+#pragma unroll
+            for (int e = 0; e < DR; e++) acc[e] = 0.0f;
+            for (int j = 0; j < L; j++) {
+                const float vn = Vn[j * NC + col];
+#pragma unroll
+                for (int e = 0; e < DR; e += 4) {
+                    const float4 kd = *(const float4 *)(Kd + j * RS + rg * DR + e);
+                    acc[e] += kd.x * vn;
+                    acc[e + 1] += kd.y * vn;
+                    acc[e + 2] += kd.z * vn;
+                    acc[e + 3] += kd.w * vn;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < DR; e++) S[e] = el * S[e] + acc[e];
+        }
+        __syncthreads(); /* every product read the old S and this chunk's tiles */
+#pragma unroll
+        for (int e = 0; e < DR; e++) Ss[(rg * DR + e) * NC + col] = S[e];
+    }
+#pragma unroll
+    for (int e = 0; e < DR; e++) Sg[(size_t)(rg * DR + e) * dv] = S[e];
 }
 
 /* Gated RMSNorm, a warp per (token, value head): out = bf16(bf16(w * bf16(o * rsqrt(mean(o^2) +
@@ -441,13 +619,48 @@ extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t 
     }
 }
 
-template <int NR>
-static void launch_scan(struct cuda *cu, const struct config *c, float *state, int T) {
-    int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
-    gdn_scan_kernel<NR><<<dim3(Hv, dv / GDN_COLS), GDN_THREADS, 0, cu->stream>>>(
-        cu->gdn_o, state, cu->gdn_qk, cu->gdn_y, cu->gdn_bg, T, c->linear_num_key_heads, Hv, dv,
-        c->conv_dim);
+/* State columns per block of the chunked pass: 32 where that still gives ~an SM's worth of
+ * blocks (4B / 9B: 128 blocks), else 16 (0.8B / 2B: 128 blocks instead of 64). */
+template <int DK>
+static int chunk_cols(const struct cuda *cu, const struct config *c) {
+    const int dv = c->linear_value_head_dim, Hv = c->linear_num_value_heads;
+    if (DK < 64 || dv % 16) return 32; /* 16 columns need DK / 16 >= 4 state rows per thread */
+    return dv % 32 == 0 && (long)Hv * (dv / 32) * 4 >= (long)cu->info.n_sm * 3 ? 32 : 16;
+}
+
+template <int DK, int NC>
+static void launch_chunk_state(struct cuda *cu, const struct config *c, float *state, int T) {
+    const int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
+    CHECK(dv % NC == 0);
+    const size_t smem = ((size_t)DK * NC + 3 * GDN_C * (DK + GDN_PAD) + GDN_C * (GDN_C + GDN_PAD) +
+                         2 * GDN_C * NC) * sizeof(float);
+    static int opted;
+    if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_state_kernel<DK, NC>), smem);
+    opted = 1;
+    gdn_chunk_state_kernel<DK, NC><<<dim3(Hv, dv / NC), GDN_CT, smem, cu->stream>>>(
+        cu->gdn_o, state, cu->gdn_w, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, T,
+        c->linear_num_key_heads, Hv, dv);
     GPU_LAUNCHED();
+}
+
+template <int DK>
+static void launch_chunked(struct cuda *cu, const struct config *c, float *state, int T) {
+    const int Hv = c->linear_num_value_heads;
+    CHECK(c->linear_value_head_dim == DK); /* dk == dv (backend_cuda_create) */
+    const size_t smem = ((size_t)2 * GDN_C * (DK + GDN_PAD) + GDN_C * (GDN_C + GDN_PAD) + 2 * GDN_C) *
+                        sizeof(float);
+    static int opted;
+    if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_prep_kernel<DK, DK>), smem);
+    opted = 1;
+    gdn_chunk_prep_kernel<DK, DK><<<dim3((T + GDN_C - 1) / GDN_C, Hv), GDN_CT, smem, cu->stream>>>(
+        cu->gdn_w, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, cu->gdn_y, T,
+        c->linear_num_key_heads, Hv, c->conv_dim);
+    GPU_LAUNCHED();
+    cuda_prof_split(cu, "gdn chunk state pass (prefill)");
+    if (chunk_cols<DK>(cu, c) == 32)
+        launch_chunk_state<DK, 32>(cu, c, state, T);
+    else
+        launch_chunk_state<DK, DK >= 64 ? 16 : 32>(cu, c, state, T);
 }
 
 extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out,
@@ -455,9 +668,9 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
                                  const float *A_log, const float *dt_bias, const float *norm_w,
                                  float *state, const int32_t *pos, int T) {
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
-    int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim, conv_dim = c->conv_dim;
+    int dk = c->linear_key_head_dim, conv_dim = c->conv_dim;
     size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
-    CHECK(dv % GDN_COLS == 0 && conv_dim % dk == 0 && dk <= 1024 && c->linear_conv_kernel_dim == 4);
+    CHECK(conv_dim % dk == 0 && dk <= 1024 && c->linear_conv_kernel_dim == 4);
     gdn_conv_kernel<<<dim3(conv_dim / dk + 1, T), dk, 0, cu->stream>>>(
         cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj, conv_state, conv_w, A_log, dt_bias, pos, Hk, Hv,
         dk, conv_dim, c->value_dim);
@@ -465,13 +678,15 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
     gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, cu->stream>>>(conv_state, proj, pos, T,
                                                                           conv_dim, row);
     GPU_LAUNCHED();
+    cuda_prof_split(cu, "gdn chunk prep (prefill)");
     switch (dk) {
-    case 32: launch_scan<4>(cu, c, state, T); break;
-    case 64: launch_scan<8>(cu, c, state, T); break;
-    case 128: launch_scan<16>(cu, c, state, T); break;
+    case 32: launch_chunked<32>(cu, c, state, T); break;
+    case 64: launch_chunked<64>(cu, c, state, T); break;
+    case 128: launch_chunked<128>(cu, c, state, T); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
-    cu->n_launches += 3;
+    cu->n_launches += 4;
+    cuda_prof_split(cu, "gdn norm (prefill)");
     cuda_gdn_norm(cu, c, out, proj, norm_w, T);
 }
 
