@@ -220,6 +220,9 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
         int32_t id;
         int fed = 0;
         if (n_gen < r->n_forced) {
+            /* the choice a sampler would make waits for the logits; so does a forced one, or a
+             * device backend would run far behind the host and the timings would be fiction */
+            (void)model_argmax(e->m);
             id = r->forced[n_gen];
         } else if (greedy_plain && e->run_ahead && n_gen > 0 && !last) {
             /* run ahead on the device: the choice is fed to the next step there, before the
