@@ -1594,9 +1594,15 @@ size_t detok_push(struct detok *d, int32_t id, char *out, size_t cap) {
                 memcpy(d->pending, win, (size_t)np + take);
                 d->n_pending = np + (int)take;
                 return o;
-            } else { /* invalid: the pending bytes are one maximal subpart */
+            } else {
+                /* invalid: the maximal subpart is the longest valid prefix of win, which may
+                 * include bytes of b that extended the pending prefix; they are consumed with
+                 * it (one U+FFFD for all of them, as from_utf8_lossy) */
+                size_t m = (size_t)np;
+                while (m < (size_t)np + take && utf8_seq(win, m + 1) < 0) m++;
                 memcpy(out + o, REPL, 3);
                 o += 3;
+                i += m - (size_t)np;
                 d->n_pending = 0;
             }
             continue;
