@@ -478,6 +478,37 @@ static char *write_variant(const char *src, const char *name, char *(*edit)(cons
     return path;
 }
 
+/* Keys given twice (issue 24: the first "added_tokens" was parsed and leaked): a top-level key,
+ * a key of model, and a key inside a small section parsed by jansson. */
+static char *edit_prepend(const char *buf, size_t len, size_t *out_len, const char *text) {
+    CHECK(len > 0 && buf[0] == '{');
+    size_t tl = strlen(text);
+    char *v = xmalloc(len + tl + 1);
+    v[0] = '{';
+    memcpy(v + 1, text, tl);
+    memcpy(v + 1 + tl, buf + 1, len - 1);
+    *out_len = len + tl;
+    return v;
+}
+static char *edit_dup_added(const char *buf, size_t len, size_t *out_len) {
+    return edit_prepend(buf, len, out_len, "\"added_tokens\": [],");
+}
+static char *edit_dup_in_section(const char *buf, size_t len, size_t *out_len) {
+    return edit_prepend(buf, len, out_len, "\"decoder\": {\"type\": \"ByteLevel\", \"type\": \"ByteLevel\"},");
+}
+static char *edit_dup_vocab(const char *buf, size_t len, size_t *out_len) {
+    const char *v = strstr(buf, "\"vocab\":");
+    CHECK(v);
+    static const char ins[] = "\"vocab\": {\"a\": 0}, ";
+    char *o = xmalloc(len + sizeof ins);
+    size_t at = (size_t)(v - buf);
+    memcpy(o, buf, at);
+    memcpy(o + at, ins, sizeof ins - 1);
+    memcpy(o + at + sizeof ins - 1, buf + at, len - at);
+    *out_len = len + sizeof ins - 1;
+    return o;
+}
+
 /* The closing quote of the JSON string starting at s (escapes skipped). */
 static const char *json_string_end(const char *s) {
     CHECK(*s == '"');
@@ -584,6 +615,23 @@ static void test_files(void) {
            "bad merge: \"%s\"", err.msg);
     remove(path);
     free(path);
+    static const struct {
+        const char *name, *want;
+        char *(*edit)(const char *, size_t, size_t *);
+    } dups[] = {
+        {"dupadded", "the key \"added_tokens\" is given twice", edit_dup_added},
+        {"dupsection", "decoder: duplicate object key", edit_dup_in_section},
+        {"dupvocab", "model.vocab is given twice", edit_dup_vocab},
+    };
+    for (size_t i = 0; i < sizeof dups / sizeof dups[0]; i++) {
+        path = write_variant(QWEN35, dups[i].name, dups[i].edit);
+        err.msg[0] = 0;
+        struct tokenizer *d = tokenizer_load(path, &err);
+        EXPECT(!d && strstr(err.msg, dups[i].want), "%s: \"%s\" (want \"%s\")", dups[i].name, err.msg, dups[i].want);
+        tokenizer_free(d);
+        remove(path);
+        free(path);
+    }
     err.msg[0] = 0;
     EXPECT(!tokenizer_load("/nonexistent/tokenizer.json", &err) && strstr(err.msg, "cannot open"), "missing file: \"%s\"",
            err.msg);
