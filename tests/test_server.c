@@ -389,6 +389,16 @@ static void test_escape(void) {
 
 static void test_basic_endpoints(void) {
     struct resp r;
+    /* issue 24 item 4: " \xed" + "\x8f\xe8\xbf\xb0" is " \ufffd\u8ff0" (one U+FFFD) */
+    http("POST", "/detokenize", NULL, "{\"tokens\":[10764,44834]}", 1, &r);
+    {
+        json_t *j = body_json(&r);
+        const char *c = json_string_value(json_object_get(j, "content"));
+        EXPECT(r.status == 200 && c && !strcmp(c, " \xef\xbf\xbd\xe8\xbf\xb0"),
+               "/detokenize [10764, 44834]: %s", r.body);
+        json_decref(j);
+    }
+    resp_free(&r);
     http("GET", "/health", NULL, NULL, 0, &r);
     EXPECT(r.status == 200 && r.body && strstr(r.body, "\"ok\""), "/health: %d", r.status);
     resp_free(&r);
@@ -590,6 +600,28 @@ static void test_bad_input(void) {
                  "{\"prompt\":[1,2,99999999]}", 1, 400, "token id", "prompt");
     expect_error("tokenize without content", "POST", "/tokenize", NULL, "{}", 1, 400, "content",
                  "content");
+
+    /* issue 24 item 3: messages quoting client bytes cut inside a UTF-8 character gave 500 */
+    expect_error("escape before a 2-byte character", "POST", "/v1/chat/completions", NULL,
+                 "{\"a\":\"\\\xc3\xa9\"}", 1, 400, "invalid JSON", NULL);
+    {
+        struct strbuf role = {0};
+        for (int i = 0; i < 300; i++) strbuf_adds(&role, "\xc3\xa9");
+        char *body = xmalloc(role.len + 128);
+        snprintf(body, role.len + 128, "{\"messages\":[{\"role\":\"%s\",\"content\":\"hi\"}]}", role.s);
+        expect_error("300 x \"\xc3\xa9\" role", "POST", "/v1/chat/completions", NULL, body, 1, 400,
+                     "\xc3\xa9\xc3\xa9...' is not one of", "messages");
+        snprintf(body, role.len + 128, "{\"prompt\":\"a\",\"logit_bias\":{\"%s\":1}}", role.s);
+        expect_error("300 x \"\xc3\xa9\" logit_bias key", "POST", "/v1/completions", NULL, body, 1, 400,
+                     "logit_bias key", "logit_bias");
+        free(body);
+        free(role.s);
+    }
+    expect_error("GET /%ff", "GET", "/%ff", NULL, NULL, 1, 404, "GET /\\xff: no such route", NULL);
+    expect_error("GET /v1/models/%ff", "GET", "/v1/models/%ff", NULL, NULL, 1, 404,
+                 "the model '\\xff' does not exist", NULL);
+    expect_error("GET /%c3 (a cut character)", "GET", "/v1/x%c3", NULL, NULL, 1, 404,
+                 "/v1/x\\xc3: no such route", NULL);
 
     /* 413: announced by Content-Length (answered before the body), and sent chunked */
     size_t big = (1u << 20) + 10;

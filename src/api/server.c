@@ -106,7 +106,7 @@ struct server {
 struct conn {
     enum route route;
     int status;       /* non-zero: an error decided before the body was read */
-    char err_msg[256];
+    char err_msg[512];
     struct strbuf body;
     int too_large;
     int fd;
@@ -454,7 +454,10 @@ static void classify(struct server *s, struct MHD_Connection *c, struct conn *cn
     }
     if (cn->route == ROUTE_NONE) {
         cn->status = path_known ? 405 : 404;
-        snprintf(cn->err_msg, sizeof cn->err_msg, "%s %s: %s", method, url,
+        char qm[64], qu[160];
+        snprintf(cn->err_msg, sizeof cn->err_msg, "%s %s: %s",
+                 api_quote(qm, sizeof qm, method, strlen(method), 16),
+                 api_quote(qu, sizeof qu, url, strlen(url), 100),
                  path_known ? "method not allowed" : "no such route");
         return;
     }
@@ -527,8 +530,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (strcmp(id, s->model_name) != 0) {
             struct api_error e = {.status = 404, .type = "invalid_request_error",
                                   .code = "model_not_found"};
-            snprintf(e.message, sizeof e.message, "the model '%.200s' does not exist (this server "
-                     "has '%s')", id, s->model_name);
+            char q[320];
+            snprintf(e.message, sizeof e.message, "the model '%s' does not exist (this server "
+                     "has '%s')", api_quote(q, sizeof q, id, strlen(id), 100), s->model_name);
             return respond_error(s, c, &e);
         }
         json_t *list = api_models_json(s->model_name, s->created, s->model);
@@ -618,6 +622,12 @@ struct server *server_start(const struct server_options *o, struct error *err) {
         while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
         const char *base = strrchr(tmp, '/');
         snprintf(s->model_name, sizeof s->model_name, "%s", base ? base + 1 : tmp);
+    }
+
+    if (utf8_validate(s->model_name, strlen(s->model_name), NULL) < 0) {
+        error_set(err, "the model name '%s' is not UTF-8 (it goes into JSON responses); give "
+                  "one with --alias", s->model_name);
+        goto fail;
     }
 
     const char *tdir = s->opt.tokenizer_dir ? s->opt.tokenizer_dir : dir;

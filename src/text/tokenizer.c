@@ -83,6 +83,8 @@ static int utf8_seq(const unsigned char *s, size_t n) {
     return need + 1;
 }
 
+int utf8_char_len(const char *s, size_t n) { return utf8_seq((const unsigned char *)s, n); }
+
 int utf8_validate(const char *s, size_t len, size_t *bad_at) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
