@@ -183,7 +183,9 @@ static int http(const char *method, const char *path, const char *hdrs, const ch
     return rc;
 }
 
-static json_t *body_json(const struct resp *r) { return json_loads(r->body ? r->body : "", 0, NULL); }
+static json_t *body_json(const struct resp *r) {
+    return json_loads(r->body ? r->body : "", JSON_ALLOW_NUL, NULL);
+}
 
 /* Status and error shape; the message must contain `needle` and param equal `param` (NULL:
  * not checked). */
@@ -537,6 +539,45 @@ static void test_utf8_stream(void) {
     free(got);
     free(b);
     resp_free(&r);
+}
+
+/* issue 24 item 5: a NUL byte the model writes is text in both forms (the non-streaming answer
+ * was cut at the NUL while the stream carried \u0000 on). Id 188 is byte 0x00 ("\u0100" in
+ * the byte-level alphabet); +100 makes greedy decoding write it. */
+static void test_nul_output(void) {
+    static const char want[] = "\0\0\0";
+    for (int stream = 0; stream < 2; stream++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":%s,"
+                 "\"max_tokens\":3,\"temperature\":0,\"logit_bias\":{\"188\":100},"
+                 "\"chat_template_kwargs\":{\"enable_thinking\":false}}", stream ? "true" : "false");
+        struct resp r;
+        http("POST", "/v1/chat/completions", NULL, body, 1, &r);
+        struct strbuf got = {0};
+        strbuf_add(&got, "", 0);
+        if (!stream) {
+            json_t *j = body_json(&r);
+            json_t *c = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                        "message"), "content");
+            if (json_is_string(c)) strbuf_add(&got, json_string_value(c), json_string_length(c));
+            json_decref(j);
+        } else {
+            for (int i = 0; i < r.n_events; i++) {
+                json_t *j = strncmp(r.events[i], "data: {", 7) ? NULL
+                                                                 : json_loads(r.events[i] + 6, JSON_ALLOW_NUL, NULL);
+                json_t *c = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                            "delta"), "content");
+                if (json_is_string(c)) strbuf_add(&got, json_string_value(c), json_string_length(c));
+                json_decref(j);
+            }
+        }
+        EXPECT(r.status == 200 && got.len == sizeof want - 1 && !memcmp(got.s, want, got.len),
+               "NUL in the output (%s): %zu bytes, want %zu: %s", stream ? "stream" : "non-stream",
+               got.len, sizeof want - 1, r.body);
+        free(got.s);
+        resp_free(&r);
+    }
 }
 
 static void test_bad_input(void) {
@@ -1018,6 +1059,7 @@ int main(void) {
     test_generation();
     test_tool_calls();
     test_utf8_stream();
+    test_nul_output();
     test_timing();
     test_disconnect();
     test_fuzz();

@@ -718,11 +718,13 @@ json_t *api_job_response(struct job *j, int *status) {
         struct chat_parsed p;
         chat_parse(text, j->text.len, j->in_thinking, j->tools, NULL, &p);
         json_t *msg = json_pack("{s:s}", "role", "assistant");
-        json_object_set_new(msg, "content", p.n_tool_calls && !p.content[0]
+        /* with lengths: a NUL the model wrote is text (the stream carries it as \u0000) */
+        json_object_set_new(msg, "content", p.n_tool_calls && !p.content_len
                                                 ? json_null()
-                                                : json_string(p.content));
-        if (p.reasoning_content && p.reasoning_content[0])
-            json_object_set_new(msg, "reasoning_content", json_string(p.reasoning_content));
+                                                : json_stringn(p.content, p.content_len));
+        if (p.reasoning_content && p.reasoning_len)
+            json_object_set_new(msg, "reasoning_content",
+                                json_stringn(p.reasoning_content, p.reasoning_len));
         if (p.n_tool_calls) json_object_set_new(msg, "tool_calls", chat_parsed_tool_calls_json(&p));
         choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
                            "finish_reason", finish_reason(j, p.n_tool_calls, p.truncated));
