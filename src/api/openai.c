@@ -649,6 +649,13 @@ void api_job_run(struct job *j, struct engine *eng) {
         api_job_fail(j, 500, err.msg);
         return;
     }
+    /* stopped by the server's shutdown, not by its client: say so (an error event ends the
+     * stream; a waiting non-streaming client gets 503) rather than end without a word */
+    if (j->res.finish == ENGINE_FINISH_CANCELLED && !atomic_load(&j->cancel) && j->stopping &&
+        atomic_load(j->stopping)) {
+        api_job_fail(j, 503, "the server is shutting down; the generation was stopped");
+        return;
+    }
     pthread_mutex_lock(&j->mu);
     if (j->stream && j->res.finish != ENGINE_FINISH_CANCELLED) {
         int truncated = 0;
