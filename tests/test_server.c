@@ -404,9 +404,17 @@ static void test_basic_endpoints(void) {
     http("GET", "/health", NULL, NULL, 0, &r);
     EXPECT(r.status == 200 && r.body && strstr(r.body, "\"ok\""), "/health: %d", r.status);
     resp_free(&r);
-    http("OPTIONS", "/v1/chat/completions", NULL, NULL, 0, &r);
-    EXPECT(r.status == 204 && strcasestr(r.head, "Access-Control-Allow-Origin: *"),
-           "CORS preflight: %d", r.status);
+    /* CORS (issue 24): loopback origins are echoed, others refused; no wildcard */
+    http("OPTIONS", "/v1/chat/completions", "Origin: http://localhost:5173\r\n"
+         "Access-Control-Request-Method: POST\r\n", NULL, 0, &r);
+    EXPECT(r.status == 204 && strcasestr(r.head, "Access-Control-Allow-Origin: http://localhost:5173\r\n") &&
+               !strcasestr(r.head, "Access-Control-Allow-Origin: *"),
+           "CORS preflight from a loopback origin: %d\n%s", r.status, r.head);
+    resp_free(&r);
+    http("OPTIONS", "/v1/chat/completions", "Origin: https://evil.example\r\n"
+         "Access-Control-Request-Method: POST\r\n", NULL, 0, &r);
+    EXPECT(r.status == 403 && !strcasestr(r.head, "Access-Control-Allow-Origin"),
+           "CORS preflight from another origin: %d\n%s", r.status, r.head);
     resp_free(&r);
     http("GET", "/v1/models", NULL, NULL, 1, &r);
     json_t *j = body_json(&r);
@@ -679,7 +687,8 @@ static void test_bad_input(void) {
         int fd = connect_port(g_port);
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        send_request(fd, "POST", "/v1/chat/completions", "Transfer-Encoding: chunked\r\n", "x", 0, 1);
+        send_request(fd, "POST", "/v1/chat/completions",
+                     "Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n", "x", 0, 1);
         char hdr[32];
         for (size_t off = 0; off < big; off += 65536) {
             size_t n = big - off < 65536 ? big - off : 65536;
@@ -1019,6 +1028,21 @@ static void test_sigterm(const char *dir) {
     read_response(fd, &r, &t0, 2);
     kill(pid, SIGTERM);
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* the stream ends with a word (issue 24): an error event, or a final chunk and [DONE] */
+    {
+        struct strbuf raw = {0};
+        char buf[4096];
+        ssize_t got;
+        while ((got = recv(fd, buf, sizeof buf, 0)) > 0) strbuf_add(&raw, buf, (size_t)got);
+        const char *last = NULL;
+        for (const char *p = raw.s; p && (p = strstr(p, "data: ")); p++) last = p;
+        EXPECT(last && (!strncmp(last, "data: {\"error\":", 15) || !strncmp(last, "data: [DONE]", 12)),
+               "the stream cut by SIGTERM ends with '%.80s' (want an error event or [DONE])",
+               last ? last : "(no event)");
+        if (last && !strncmp(last, "data: {\"error\":", 15))
+            EXPECT(strstr(last, "shutting down"), "the error event says why: %.200s", last);
+        free(raw.s);
+    }
     int status = -1;
     for (int i = 0; i < 50; i++) {
         if (waitpid(pid, &status, WNOHANG) == pid) break;

@@ -29,12 +29,14 @@ ok '! grep -v "^data: " "$tmp/sse" | grep -q .' "only data lines and blank separ
 ok 'grep -q "\"finish_reason\":\"" "$tmp/sse"' "finish_reason in the stream"
 
 code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
+json=(-H 'Content-Type: application/json')
 ok '[ "$(code "$url/nope")" = 404 ]' "404"
 ok '[ "$(code -X DELETE "$url/v1/models")" = 405 ]' "405"
-ok '[ "$(code "$url/v1/chat/completions" -d "{bad")" = 400 ] && grep -q "line 1, column" "$tmp/body"' "400 malformed JSON with line/column"
-ok '[ "$(code "$url/v1/chat/completions" -d "{\"messages\":[],\"max_tokens\":-1}")" = 400 ]' "400 bad field"
+ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" -d "{bad")" = 400 ] && grep -q "line 1, column" "$tmp/body"' "400 malformed JSON with line/column"
+ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" -d "{\"messages\":[],\"max_tokens\":-1}")" = 400 ]' "400 bad field"
+ok '[ "$(code "$url/v1/chat/completions" -d "$body")" = 415 ] && grep -q "Content-Type: application/json" "$tmp/body"' "415 without Content-Type: application/json (curl -d sends a form type)"
 head -c 9000000 /dev/zero | tr '\0' ' ' >"$tmp/big"
-ok '[ "$(code "$url/v1/chat/completions" --data-binary @"$tmp/big")" = 413 ]' "413 body over 8 MiB"
+ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" --data-binary @"$tmp/big")" = 413 ]' "413 body over 8 MiB"
 ok 'curl -s "$url/health" >/dev/null' "alive after the errors"
 
 kill -TERM "$pid"
