@@ -195,6 +195,15 @@ static void *accept_main(void *arg) {
         }
         /* after a pause, accept is simply tried again (and the pause doubles if it fails) */
         for (int n = 0; n < 64; n++) {
+            /* every fd for sockets taken, some by connections being closed: leave newcomers
+             * in the listen backlog a moment rather than refuse them */
+            pthread_mutex_lock(&cs->mu);
+            int wait = cs->n_all >= cs->hard && cs->n_all > cs->n_live;
+            pthread_mutex_unlock(&cs->mu);
+            if (wait) {
+                backoff_ms = 5;
+                break;
+            }
             struct sockaddr_storage ss;
             socklen_t sl = sizeof ss;
             int fd = accept4(cs->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);

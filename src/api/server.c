@@ -235,7 +235,8 @@ static void add_cors(struct server *s, struct MHD_Connection *c, struct MHD_Resp
     MHD_add_response_header(r, "Vary", "Origin");
     if (!origin) return;
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
-    if (guard_origin_ok(origin, host, s->opt.cors_origins, s->opt.n_cors_origins))
+    if (guard_host_ok(host, s->opt.allowed_hosts, s->opt.n_allowed_hosts) &&
+        guard_origin_ok(origin, host, s->opt.cors_origins, s->opt.n_cors_origins))
         MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
 }
 
