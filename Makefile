@@ -74,8 +74,9 @@ test: $(BUILD)/strata $(TESTS)
 asan:
 	$(MAKE) BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" all
 
+# build-asan/strata too: test_server's SIGTERM test and test_abuse run it (under ASan + UBSan)
 test-asan:
-	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(BUILD)/strata $(TESTS:$(BUILD)/%=build-asan/%)
+	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" build-asan/strata $(TESTS:$(BUILD)/%=build-asan/%)
 	@BUILD=build-asan bash tests/run.sh $(TESTS:$(BUILD)/%=build-asan/%)
 
 # benchmark programs (the engine's own benchmark is `strata bench`)
