@@ -10,6 +10,8 @@
  *    address; the server does not spin (CPU time over an idle second) nor flood its log;
  *  - deadlines: half-sent headers and a body shorter than its Content-Length are closed within
  *    the (short, here) header and body timeouts, not after minutes;
+ *  - accept errors: with fds taken behind the server's back (EMFILE), it backs off, logs once
+ *    and closes an idle connection to make room: /health is served, the CPU stays idle;
  *  - framing: two conflicting Content-Length headers get 400 and the connection is closed;
  *  - the API key from STRATA_API_KEY, from --api-key-file, and --api-key blanked in
  *    /proc/PID/cmdline;
@@ -427,6 +429,35 @@ static void test_idle_flood(struct srv *v, int nofile, const char *auth) {
     EXPECT(ls >= 0 && ls < 64 * 1024, "ulimit %d: the log holds %ld bytes after the flood", nofile, ls);
 }
 
+/* fds taken behind the server's back (STRATA_TEST_FD_HOG): accept() meets EMFILE. It must back
+ * off (no spinning), log once, and make room by closing an idle connection. */
+static void test_emfile(struct srv *v) {
+    int fds[400], n = 0;
+    for (int i = 0; i < 400; i++) {
+        char src[32];
+        snprintf(src, sizeof src, "127.0.1.%d", 1 + i % 50);
+        int fd = dial(v->port, src, 1);
+        if (fd >= 0) fds[n++] = fd;
+    }
+    usleep(300000);
+    double c0 = cpu_seconds(v->pid), t0 = now_s();
+    struct reply r;
+    request(v->port, NULL, "GET", "/health", NULL, NULL, &r);
+    double ms = (now_s() - t0) * 1e3;
+    EXPECT(r.status == 200 && ms < 15000, "EMFILE: /health during %d idle sockets: %d after %.0f ms", n, r.status, ms);
+    usleep(1000000);
+    double c1 = cpu_seconds(v->pid), dt = now_s() - t0;
+    printf("EMFILE: /health in %.0f ms; %.2f s of CPU over %.1f s\n", ms, c1 - c0, dt);
+    EXPECT(c1 - c0 < 0.3 * dt + 0.2, "EMFILE: %.2f s of CPU in %.1f s (accept must not spin)", c1 - c0, dt);
+    for (int i = 0; i < n; i++) close(fds[i]);
+    FILE *f = fopen(v->log, "r");
+    int lines = 0;
+    char line[1024];
+    while (f && fgets(line, sizeof line, f)) lines += strstr(line, "accept failed") != NULL;
+    if (f) fclose(f);
+    EXPECT(lines >= 1 && lines <= 3, "EMFILE: %d 'accept failed' log lines (one per 10 s)", lines);
+}
+
 /* ---- API keys ------------------------------------------------------------------------- */
 
 static void expect_key(int port, const char *key, const char *what) {
@@ -497,7 +528,14 @@ int main(void) {
         g_auth = NULL;
         EXPECT(srv_stop(&v) == 0, "exit status 0 on SIGTERM");
     }
-    /* 3: --api-key on the command line is blanked in /proc/PID/cmdline */
+    /* 3: 180 of the 256 fds taken by something else: EMFILE */
+    up = srv_start(&v, 256, "STRATA_TEST_FD_HOG=180", NULL) == 0;
+    EXPECT(up, "strata serve with 180 fds hogged came up (log %s)", v.log);
+    if (up) {
+        test_emfile(&v);
+        EXPECT(srv_stop(&v) == 0, "exit status 0 on SIGTERM");
+    }
+    /* 4: --api-key on the command line is blanked in /proc/PID/cmdline */
     const char *a3[] = {"--api-key", "cmdline-secret-42", NULL};
     up = srv_start(&v, 0, NULL, a3) == 0;
     EXPECT(up, "strata serve --api-key came up");

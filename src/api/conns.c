@@ -37,6 +37,7 @@ struct conns {
     struct conns_options o;
     int listen_fd, wake[2];
     int port;
+    int *hog, n_hog; /* STRATA_TEST_FD_HOG fds held open (tests: fds used outside conns) */
     int cap, per_client, hard; /* live connections in all / per address; fds for sockets */
     unsigned fd_limit;
     double header_ms, body_ms;
@@ -214,8 +215,15 @@ static void *accept_main(void *arg) {
                     backoff_ms = 0;
                     break;
                 }
-                /* out of fds or memory: pause, and say so once per 10 s */
+                /* out of fds or memory: pause, and say so once per 10 s. Out of fds, the
+                 * oldest idle connection also makes room, so the next try can succeed */
                 backoff_ms = backoff_ms ? (backoff_ms * 2 > 1000 ? 1000 : backoff_ms * 2) : 10;
+                if (e == EMFILE || e == ENFILE) {
+                    pthread_mutex_lock(&cs->mu);
+                    struct peer *victim = oldest_idle(cs, NULL);
+                    if (victim) peer_close(cs, victim);
+                    pthread_mutex_unlock(&cs->mu);
+                }
                 errs_unlogged++;
                 if (now - last_err_log >= 10000) {
                     logf_(cs, "accept failed: %s (%lu times since the last report); pausing "
@@ -341,6 +349,12 @@ struct conns *conns_open(const struct conns_options *o, struct error *err) {
         error_set(err, "pipe: %s", strerror(errno));
         goto fail;
     }
+    /* tests only: take fds behind conns' back, so that accept() meets EMFILE */
+    int hog = env_int("STRATA_TEST_FD_HOG", 0, 0, (int)cs->fd_limit);
+    if (hog > 0) {
+        cs->hog = xmalloc((size_t)hog * sizeof *cs->hog);
+        while (cs->n_hog < hog && (cs->hog[cs->n_hog] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0) cs->n_hog++;
+    }
     return cs;
 fail:
     conns_free(cs);
@@ -385,6 +399,8 @@ void conns_free(struct conns *cs) {
     if (!cs) return;
     conns_stop(cs);
     if (cs->wake[0] >= 0) close(cs->wake[0]), close(cs->wake[1]);
+    for (int i = 0; i < cs->n_hog; i++) close(cs->hog[i]);
+    free(cs->hog);
     while (cs->head) peer_unlink(cs, cs->head);
     free(cs->by_fd);
     pthread_mutex_destroy(&cs->mu);

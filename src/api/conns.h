@@ -16,7 +16,9 @@
  *              queued, is exempt: its connection lives as long as the stream (MHD's per
  *              connection inactivity timeout, set to stream_timeout_s by the server)
  *   back-off   accept errors (EMFILE, ENFILE, ENOBUFS, ENOMEM) pause accepting, 10 ms doubling
- *              to 1 s, and are logged once per 10 s with a count
+ *              to 1 s, and are logged once per 10 s with a count; out of fds (other code took
+ *              them), the oldest idle connection is closed too, so the next accept succeeds.
+ *              STRATA_TEST_FD_HOG=N (tests only) holds N fds open to make that happen
  * The sweep for deadlines runs on the accept thread every 250 ms. A connection is closed by
  * shutdown(2) on its socket: its MHD thread sees the end of input and closes it; the fd stays
  * valid until MHD's CLOSED notification, which takes the same mutex, so it is never reused
