@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -65,6 +66,7 @@ static int srv_start(struct srv *v, int nofile, const char *env, const char *con
     fflush(stderr);
     v->pid = fork();
     if (v->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
         struct rlimit rl = {(rlim_t)nofile, (rlim_t)nofile};
         if (nofile > 0 && setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
         if (env) putenv((char *)env);
