@@ -3,6 +3,9 @@
 # apt-get only for what is missing. Run as root (or with sudo available).
 set -euo pipefail
 pkgs=(build-essential pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev libicu-dev curl python3)
+# make fuzz: clang with libFuzzer and the sanitizer runtimes (Debian 12: clang-14; the runtimes
+# are only recommended by clang, so named)
+pkgs+=(clang libclang-rt-14-dev)
 # the server tests drive strata with the official openai npm client: Node.js + npm from Debian
 # unless a node is already installed
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)

@@ -183,7 +183,9 @@ static int http(const char *method, const char *path, const char *hdrs, const ch
     return rc;
 }
 
-static json_t *body_json(const struct resp *r) { return json_loads(r->body ? r->body : "", 0, NULL); }
+static json_t *body_json(const struct resp *r) {
+    return json_loads(r->body ? r->body : "", JSON_ALLOW_NUL, NULL);
+}
 
 /* Status and error shape; the message must contain `needle` and param equal `param` (NULL:
  * not checked). */
@@ -389,12 +391,30 @@ static void test_escape(void) {
 
 static void test_basic_endpoints(void) {
     struct resp r;
+    /* issue 24 item 4: " \xed" + "\x8f\xe8\xbf\xb0" is " \ufffd\u8ff0" (one U+FFFD) */
+    http("POST", "/detokenize", NULL, "{\"tokens\":[10764,44834]}", 1, &r);
+    {
+        json_t *j = body_json(&r);
+        const char *c = json_string_value(json_object_get(j, "content"));
+        EXPECT(r.status == 200 && c && !strcmp(c, " \xef\xbf\xbd\xe8\xbf\xb0"),
+               "/detokenize [10764, 44834]: %s", r.body);
+        json_decref(j);
+    }
+    resp_free(&r);
     http("GET", "/health", NULL, NULL, 0, &r);
     EXPECT(r.status == 200 && r.body && strstr(r.body, "\"ok\""), "/health: %d", r.status);
     resp_free(&r);
-    http("OPTIONS", "/v1/chat/completions", NULL, NULL, 0, &r);
-    EXPECT(r.status == 204 && strcasestr(r.head, "Access-Control-Allow-Origin: *"),
-           "CORS preflight: %d", r.status);
+    /* CORS (issue 24): loopback origins are echoed, others refused; no wildcard */
+    http("OPTIONS", "/v1/chat/completions", "Origin: http://localhost:5173\r\n"
+         "Access-Control-Request-Method: POST\r\n", NULL, 0, &r);
+    EXPECT(r.status == 204 && strcasestr(r.head, "Access-Control-Allow-Origin: http://localhost:5173\r\n") &&
+               !strcasestr(r.head, "Access-Control-Allow-Origin: *"),
+           "CORS preflight from a loopback origin: %d\n%s", r.status, r.head);
+    resp_free(&r);
+    http("OPTIONS", "/v1/chat/completions", "Origin: https://evil.example\r\n"
+         "Access-Control-Request-Method: POST\r\n", NULL, 0, &r);
+    EXPECT(r.status == 403 && !strcasestr(r.head, "Access-Control-Allow-Origin"),
+           "CORS preflight from another origin: %d\n%s", r.status, r.head);
     resp_free(&r);
     http("GET", "/v1/models", NULL, NULL, 1, &r);
     json_t *j = body_json(&r);
@@ -529,6 +549,45 @@ static void test_utf8_stream(void) {
     resp_free(&r);
 }
 
+/* issue 24 item 5: a NUL byte the model writes is text in both forms (the non-streaming answer
+ * was cut at the NUL while the stream carried \u0000 on). Id 188 is byte 0x00 ("\u0100" in
+ * the byte-level alphabet); +100 makes greedy decoding write it. */
+static void test_nul_output(void) {
+    static const char want[] = "\0\0\0";
+    for (int stream = 0; stream < 2; stream++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":%s,"
+                 "\"max_tokens\":3,\"temperature\":0,\"logit_bias\":{\"188\":100},"
+                 "\"chat_template_kwargs\":{\"enable_thinking\":false}}", stream ? "true" : "false");
+        struct resp r;
+        http("POST", "/v1/chat/completions", NULL, body, 1, &r);
+        struct strbuf got = {0};
+        strbuf_add(&got, "", 0);
+        if (!stream) {
+            json_t *j = body_json(&r);
+            json_t *c = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                        "message"), "content");
+            if (json_is_string(c)) strbuf_add(&got, json_string_value(c), json_string_length(c));
+            json_decref(j);
+        } else {
+            for (int i = 0; i < r.n_events; i++) {
+                json_t *j = strncmp(r.events[i], "data: {", 7) ? NULL
+                                                                 : json_loads(r.events[i] + 6, JSON_ALLOW_NUL, NULL);
+                json_t *c = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                            "delta"), "content");
+                if (json_is_string(c)) strbuf_add(&got, json_string_value(c), json_string_length(c));
+                json_decref(j);
+            }
+        }
+        EXPECT(r.status == 200 && got.len == sizeof want - 1 && !memcmp(got.s, want, got.len),
+               "NUL in the output (%s): %zu bytes, want %zu: %s", stream ? "stream" : "non-stream",
+               got.len, sizeof want - 1, r.body);
+        free(got.s);
+        resp_free(&r);
+    }
+}
+
 static void test_bad_input(void) {
     expect_error("unknown route", "GET", "/v1/nope", NULL, NULL, 1, 404, "no such route", NULL);
     expect_error("wrong method", "GET", "/v1/chat/completions", NULL, NULL, 1, 405, "method", NULL);
@@ -591,6 +650,28 @@ static void test_bad_input(void) {
     expect_error("tokenize without content", "POST", "/tokenize", NULL, "{}", 1, 400, "content",
                  "content");
 
+    /* issue 24 item 3: messages quoting client bytes cut inside a UTF-8 character gave 500 */
+    expect_error("escape before a 2-byte character", "POST", "/v1/chat/completions", NULL,
+                 "{\"a\":\"\\\xc3\xa9\"}", 1, 400, "invalid JSON", NULL);
+    {
+        struct strbuf role = {0};
+        for (int i = 0; i < 300; i++) strbuf_adds(&role, "\xc3\xa9");
+        char *body = xmalloc(role.len + 128);
+        snprintf(body, role.len + 128, "{\"messages\":[{\"role\":\"%s\",\"content\":\"hi\"}]}", role.s);
+        expect_error("300 x \"\xc3\xa9\" role", "POST", "/v1/chat/completions", NULL, body, 1, 400,
+                     "\xc3\xa9\xc3\xa9...' is not one of", "messages");
+        snprintf(body, role.len + 128, "{\"prompt\":\"a\",\"logit_bias\":{\"%s\":1}}", role.s);
+        expect_error("300 x \"\xc3\xa9\" logit_bias key", "POST", "/v1/completions", NULL, body, 1, 400,
+                     "logit_bias key", "logit_bias");
+        free(body);
+        free(role.s);
+    }
+    expect_error("GET /%ff", "GET", "/%ff", NULL, NULL, 1, 404, "GET /\\xff: no such route", NULL);
+    expect_error("GET /v1/models/%ff", "GET", "/v1/models/%ff", NULL, NULL, 1, 404,
+                 "the model '\\xff' does not exist", NULL);
+    expect_error("GET /%c3 (a cut character)", "GET", "/v1/x%c3", NULL, NULL, 1, 404,
+                 "/v1/x\\xc3: no such route", NULL);
+
     /* 413: announced by Content-Length (answered before the body), and sent chunked */
     size_t big = (1u << 20) + 10;
     char *huge = malloc(big + 1);
@@ -606,7 +687,8 @@ static void test_bad_input(void) {
         int fd = connect_port(g_port);
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        send_request(fd, "POST", "/v1/chat/completions", "Transfer-Encoding: chunked\r\n", "x", 0, 1);
+        send_request(fd, "POST", "/v1/chat/completions",
+                     "Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n", "x", 0, 1);
         char hdr[32];
         for (size_t off = 0; off < big; off += 65536) {
             size_t n = big - off < 65536 ? big - off : 65536;
@@ -946,6 +1028,21 @@ static void test_sigterm(const char *dir) {
     read_response(fd, &r, &t0, 2);
     kill(pid, SIGTERM);
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* the stream ends with a word (issue 24): an error event, or a final chunk and [DONE] */
+    {
+        struct strbuf raw = {0};
+        char buf[4096];
+        ssize_t got;
+        while ((got = recv(fd, buf, sizeof buf, 0)) > 0) strbuf_add(&raw, buf, (size_t)got);
+        const char *last = NULL;
+        for (const char *p = raw.s; p && (p = strstr(p, "data: ")); p++) last = p;
+        EXPECT(last && (!strncmp(last, "data: {\"error\":", 15) || !strncmp(last, "data: [DONE]", 12)),
+               "the stream cut by SIGTERM ends with '%.80s' (want an error event or [DONE])",
+               last ? last : "(no event)");
+        if (last && !strncmp(last, "data: {\"error\":", 15))
+            EXPECT(strstr(last, "shutting down"), "the error event says why: %.200s", last);
+        free(raw.s);
+    }
     int status = -1;
     for (int i = 0; i < 50; i++) {
         if (waitpid(pid, &status, WNOHANG) == pid) break;
@@ -986,6 +1083,7 @@ int main(void) {
     test_generation();
     test_tool_calls();
     test_utf8_stream();
+    test_nul_output();
     test_timing();
     test_disconnect();
     test_fuzz();

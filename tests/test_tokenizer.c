@@ -18,6 +18,7 @@
 
 #include "harness.h"
 #include "text/tokenizer.h"
+#include "utf8_lossy.h"
 
 #define FIX "tests/fixtures/tokenizer/"
 #define QWEN3 "data/qwen3-tokenizer/tokenizer.json"
@@ -373,6 +374,54 @@ static void test_api(void) {
     EXPECT(k == 3 && memcmp(out, "\xef\xbf\xbd", 3) == 0, "flush of an incomplete tail gives U+FFFD");
     EXPECT(detok_flush(&d, out, sizeof out) == 0, "second flush is empty");
 
+    /* issue 24: " \xed" then "\x8f\xe8\xbf\xb0" (述): ED 8F is one maximal subpart, so one
+     * U+FFFD, as transformers and from_utf8_lossy give (the bytes that extended the pending
+     * prefix were written a second time as their own U+FFFD) */
+    {
+        const int32_t two[2] = {10764, 44834};
+        int v;
+        size_t sl;
+        char *got = stream_decode(t, two, 2, 0, &v, &sl);
+        EXPECT(v && sl == 7 && !memcmp(got, " \xef\xbf\xbd\xe8\xbf\xb0", 7),
+               "stream decode of [10764, 44834]: \"%s\" (%zu bytes), want \" \xef\xbf\xbd\xe8\xbf\xb0\"", got, sl);
+        free(got);
+    }
+    /* random sequences of tokens holding broken UTF-8, against the lossy reference */
+    {
+        int vocab = tokenizer_vocab_size(t), n_bad = 0;
+        int32_t *badtok = xmalloc((size_t)vocab * sizeof *badtok);
+        for (int32_t id = 0; id < vocab; id++) {
+            size_t bl;
+            const char *b = tokenizer_token_bytes(t, id, &bl);
+            if (b && !tokenizer_is_added(t, id) && utf8_validate(b, bl, NULL) < 0) badtok[n_bad++] = id;
+        }
+        EXPECT(n_bad > 100, "%d tokens with broken UTF-8", n_bad);
+        uint32_t x = 88172645u;
+        int mismatches = 0;
+        for (int it = 0; it < 20000 && n_bad > 0; it++) {
+            int32_t seq[6];
+            int ns = 1 + it % 6;
+            for (int q = 0; q < ns; q++) {
+                x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+                seq[q] = (x >> 8) % 5 == 0 ? (int32_t)(x % 256) : badtok[x % (uint32_t)n_bad];
+            }
+            size_t rl, sl;
+            char *raw = tokenizer_decode(t, seq, ns, &rl);
+            unsigned char *want = xmalloc(3 * rl + 1);
+            size_t wl = utf8_lossy((const unsigned char *)raw, rl, want);
+            int v;
+            char *got = stream_decode(t, seq, ns, 0, &v, &sl);
+            if (!v || sl != wl || memcmp(got, want, wl) != 0) {
+                if (mismatches++ < 3) print_ids("detok != lossy reference for ids", seq, ns);
+            }
+            free(got);
+            free(want);
+            free(raw);
+        }
+        EXPECT(mismatches == 0, "%d of 20000 random broken-UTF-8 id sequences stream-decode unlike from_utf8_lossy", mismatches);
+        free(badtok);
+    }
+
     /* NFC with tokenizers' Unicode 9.0 tables: U+09FE (Unicode 10, ccc 230) is an unassigned
      * starter to it, so nothing reorders or composes across it; older marks normalize as usual */
     static const struct { const char *in, *out; } nfc[] = {
@@ -427,6 +476,37 @@ static char *write_variant(const char *src, const char *name, char *(*edit)(cons
     fclose(f);
     free(v);
     return path;
+}
+
+/* Keys given twice (issue 24: the first "added_tokens" was parsed and leaked): a top-level key,
+ * a key of model, and a key inside a small section parsed by jansson. */
+static char *edit_prepend(const char *buf, size_t len, size_t *out_len, const char *text) {
+    CHECK(len > 0 && buf[0] == '{');
+    size_t tl = strlen(text);
+    char *v = xmalloc(len + tl + 1);
+    v[0] = '{';
+    memcpy(v + 1, text, tl);
+    memcpy(v + 1 + tl, buf + 1, len - 1);
+    *out_len = len + tl;
+    return v;
+}
+static char *edit_dup_added(const char *buf, size_t len, size_t *out_len) {
+    return edit_prepend(buf, len, out_len, "\"added_tokens\": [],");
+}
+static char *edit_dup_in_section(const char *buf, size_t len, size_t *out_len) {
+    return edit_prepend(buf, len, out_len, "\"decoder\": {\"type\": \"ByteLevel\", \"type\": \"ByteLevel\"},");
+}
+static char *edit_dup_vocab(const char *buf, size_t len, size_t *out_len) {
+    const char *v = strstr(buf, "\"vocab\":");
+    CHECK(v);
+    static const char ins[] = "\"vocab\": {\"a\": 0}, ";
+    char *o = xmalloc(len + sizeof ins);
+    size_t at = (size_t)(v - buf);
+    memcpy(o, buf, at);
+    memcpy(o + at, ins, sizeof ins - 1);
+    memcpy(o + at + sizeof ins - 1, buf + at, len - at);
+    *out_len = len + sizeof ins - 1;
+    return o;
 }
 
 /* The closing quote of the JSON string starting at s (escapes skipped). */
@@ -535,6 +615,23 @@ static void test_files(void) {
            "bad merge: \"%s\"", err.msg);
     remove(path);
     free(path);
+    static const struct {
+        const char *name, *want;
+        char *(*edit)(const char *, size_t, size_t *);
+    } dups[] = {
+        {"dupadded", "the key \"added_tokens\" is given twice", edit_dup_added},
+        {"dupsection", "decoder: duplicate object key", edit_dup_in_section},
+        {"dupvocab", "model.vocab is given twice", edit_dup_vocab},
+    };
+    for (size_t i = 0; i < sizeof dups / sizeof dups[0]; i++) {
+        path = write_variant(QWEN35, dups[i].name, dups[i].edit);
+        err.msg[0] = 0;
+        struct tokenizer *d = tokenizer_load(path, &err);
+        EXPECT(!d && strstr(err.msg, dups[i].want), "%s: \"%s\" (want \"%s\")", dups[i].name, err.msg, dups[i].want);
+        tokenizer_free(d);
+        remove(path);
+        free(path);
+    }
     err.msg[0] = 0;
     EXPECT(!tokenizer_load("/nonexistent/tokenizer.json", &err) && strstr(err.msg, "cannot open"), "missing file: \"%s\"",
            err.msg);

@@ -49,12 +49,56 @@ void sbuf_json_str(struct strbuf *b, const char *s, size_t n) {
 
 /* ---- errors --------------------------------------------------------------------------- */
 
+/* The copy of api_quote; escape_ctl 0 keeps control characters (JSON escapes them) for
+ * whole messages, whose newlines are meant. */
+static const char *quote_text(char *dst, size_t cap, const char *src, size_t n, size_t max_chars,
+                              int escape_ctl) {
+    static const char hex[] = "0123456789abcdef";
+    CHECK(cap >= 8);
+    size_t o = 0, i = 0, chars = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)src[i];
+        int k = utf8_char_len(src + i, n - i);
+        size_t need = k > 0 ? (size_t)k : 4; /* a bad byte takes "\xNN" */
+        int esc = k <= 0 || (escape_ctl && (c < 0x20 || c == 0x7f));
+        if (esc) need = 4;
+        if (chars == max_chars || o + need + 4 > cap) { /* room for "..." and the NUL */
+            memcpy(dst + o, "...", 3);
+            o += 3;
+            break;
+        }
+        if (esc) {
+            dst[o++] = '\\', dst[o++] = 'x', dst[o++] = hex[c >> 4], dst[o++] = hex[c & 15];
+            i++;
+        } else {
+            memcpy(dst + o, src + i, need);
+            o += need;
+            i += need;
+        }
+        chars++;
+    }
+    dst[o] = 0;
+    return dst;
+}
+
+const char *api_quote(char *dst, size_t cap, const char *src, size_t n, size_t max_chars) {
+    return quote_text(dst, cap, src ? src : "", src ? n : 0, max_chars, 1);
+}
+
 json_t *api_error_json(const struct api_error *e) {
-    return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type",
+    char clean[3 * sizeof e->message];
+    const char *msg = e->message;
+    size_t ml = strnlen(e->message, sizeof e->message);
+    if (utf8_validate(msg, ml, NULL) < 0) msg = quote_text(clean, sizeof clean, msg, ml, (size_t)-1, 0);
+    return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", msg, "type",
                      e->type ? e->type : "invalid_request_error", "param",
                      e->param[0] ? json_string(e->param) : json_null(), "code",
                      e->code ? json_string(e->code) : json_null());
 }
+
+/* A client string quoted in a message: at most 64 characters, escaped (a compound literal
+ * buffer, alive to the end of the enclosing block). */
+#define QUOTE(s) api_quote((char[256]){0}, 256, (s), strlen(s), 64)
 
 static int bad(struct api_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -64,8 +108,15 @@ static int bad(struct api_error *e, const char *param, const char *fmt, ...) {
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    int n = vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof e->message) { /* cut: drop a character the cut went through */
+        size_t len = sizeof e->message - 1, k = len;
+        while (k > 0 && len - k < 4 && ((unsigned char)e->message[k - 1] & 0xC0) == 0x80) k--;
+        if (k > 0 && (unsigned char)e->message[k - 1] >= 0xC0 &&
+            utf8_char_len(e->message + k - 1, len - (k - 1)) < 0)
+            e->message[k - 1] = 0;
+    }
     return -1;
 }
 
@@ -77,8 +128,9 @@ static json_t *parse_body(const char *body, size_t len, struct api_error *e) {
     json_error_t je;
     json_t *v = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!v) {
+        char q[2 * JSON_ERROR_TEXT_LENGTH];
         bad(e, NULL, "invalid JSON at line %d, column %d (byte %d): %s", je.line, je.column,
-            je.position, je.text);
+            je.position, api_quote(q, sizeof q, je.text, strlen(je.text), sizeof q));
         return NULL;
     }
     if (!json_is_object(v)) {
@@ -181,7 +233,7 @@ static int parse_common(struct job *j, const json_t *rq, int ctx, int vocab, uin
             return bad(e, "response_format", "'response_format' must be an object with a 'type'");
         if (strcmp(t, "text") != 0)
             return bad(e, "response_format", "response_format type '%s' is not supported "
-                       "(no constrained decoding); only 'text'", t);
+                       "(no constrained decoding); only 'text'", QUOTE(t));
     }
     if (get_bool(rq, "ignore_eos", &j->req.ignore_eos, e) < 0) return -1;
     v = json_object_get(rq, "logit_bias");
@@ -198,8 +250,8 @@ static int parse_common(struct job *j, const json_t *rq, int ctx, int vocab, uin
             char *end;
             long id = strtol(k, &end, 10);
             if (*k == 0 || *end || id < 0 || id >= vocab)
-                return bad(e, "logit_bias", "logit_bias key '%s' is not a token id in 0..%d", k,
-                           vocab - 1);
+                return bad(e, "logit_bias", "logit_bias key '%s' is not a token id in 0..%d",
+                           QUOTE(k), vocab - 1);
             if (!json_is_number(bv) || json_number_value(bv) < -100 || json_number_value(bv) > 100)
                 return bad(e, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
             j->bias_ids[nbias] = (int32_t)id;
@@ -269,7 +321,7 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
         if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
             strcmp(role, "tool") && strcmp(role, "developer"))
             return bad(e, "messages", "messages[%zu].role '%s' is not one of system, developer, "
-                       "user, assistant, tool", i, role);
+                       "user, assistant, tool", i, QUOTE(role));
         const json_t *c = json_object_get(m, "content");
         if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
             return bad(e, "messages", "messages[%zu].content must be a string, an array of parts "
@@ -281,7 +333,7 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
                            "'type'", i, k);
             if (strcmp(type, "text") != 0)
                 return bad(e, "messages", "messages[%zu].content[%zu]: '%s' parts are not "
-                           "supported (strata runs the text model only)", i, k, type);
+                           "supported (strata runs the text model only)", i, k, QUOTE(type));
         }
     }
     const json_t *tools = json_object_get(rq, "tools");
@@ -597,6 +649,13 @@ void api_job_run(struct job *j, struct engine *eng) {
         api_job_fail(j, 500, err.msg);
         return;
     }
+    /* stopped by the server's shutdown, not by its client: say so (an error event ends the
+     * stream; a waiting non-streaming client gets 503) rather than end without a word */
+    if (j->res.finish == ENGINE_FINISH_CANCELLED && !atomic_load(&j->cancel) && j->stopping &&
+        atomic_load(j->stopping)) {
+        api_job_fail(j, 503, "the server is shutting down; the generation was stopped");
+        return;
+    }
     pthread_mutex_lock(&j->mu);
     if (j->stream && j->res.finish != ENGINE_FINISH_CANCELLED) {
         int truncated = 0;
@@ -667,11 +726,13 @@ json_t *api_job_response(struct job *j, int *status) {
         struct chat_parsed p;
         chat_parse(text, j->text.len, j->in_thinking, j->tools, NULL, &p);
         json_t *msg = json_pack("{s:s}", "role", "assistant");
-        json_object_set_new(msg, "content", p.n_tool_calls && !p.content[0]
+        /* with lengths: a NUL the model wrote is text (the stream carries it as \u0000) */
+        json_object_set_new(msg, "content", p.n_tool_calls && !p.content_len
                                                 ? json_null()
-                                                : json_string(p.content));
-        if (p.reasoning_content && p.reasoning_content[0])
-            json_object_set_new(msg, "reasoning_content", json_string(p.reasoning_content));
+                                                : json_stringn(p.content, p.content_len));
+        if (p.reasoning_content && p.reasoning_len)
+            json_object_set_new(msg, "reasoning_content",
+                                json_stringn(p.reasoning_content, p.reasoning_len));
         if (p.n_tool_calls) json_object_set_new(msg, "tool_calls", chat_parsed_tool_calls_json(&p));
         choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
                            "finish_reason", finish_reason(j, p.n_tool_calls, p.truncated));

@@ -25,7 +25,14 @@ struct api_error {
     char param[64];   /* "" -> null */
     char message[512];
 };
+/* Never NULL: a message that is not valid UTF-8 (client bytes quoted raw, or cut inside a
+ * character by a fixed-size buffer) has its bad bytes written as \xNN. */
 json_t *api_error_json(const struct api_error *e);
+
+/* Client bytes quoted in an error message: valid UTF-8 is kept; invalid bytes and control
+ * characters are written as \xNN; past max_chars characters, or when dst (cap bytes) is full,
+ * the text is cut on a character boundary and "..." ends it. Returns dst (NUL-terminated). */
+const char *api_quote(char *dst, size_t cap, const char *src, size_t n, size_t max_chars);
 
 struct server;
 

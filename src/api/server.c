@@ -17,12 +17,12 @@
 
 #include <errno.h>
 #include <microhttpd.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,10 +30,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "text/chat.h"
+#include "conns.h"
 #include "engine/cache.h"
 #include "engine/engine.h"
+#include "guard.h"
 #include "openai.h"
+#include "text/chat.h"
 #include "text/tokenizer.h"
 
 enum route {
@@ -93,7 +95,16 @@ struct server {
     struct engine *engine;
     struct chat_template tmpl;
     struct MHD_Daemon *daemon;
+    struct conns *conns;
     int port;
+    unsigned char api_key[SERVER_API_KEY_MAX]; /* zero-padded (constant-time comparison) */
+    size_t api_key_len;
+    int n_streams; /* SSE responses MHD still holds (mu): shutdown waits for them to drain */
+    /* log lines: at most LOG_BURST at once, then one a second; the rest counted */
+    pthread_mutex_t log_mu;
+    double log_t;
+    int log_tokens;
+    unsigned long log_dropped;
 
     pthread_t engine_thread;
     int engine_started;
@@ -110,7 +121,9 @@ struct server {
 struct conn {
     enum route route;
     int status;       /* non-zero: an error decided before the body was read */
-    char err_msg[256];
+    const char *err_type, *err_code; /* with status; NULL: invalid_request_error, null */
+    int close_after;  /* the framing cannot be trusted: close the connection after answering */
+    char err_msg[512];
     struct strbuf body;
     int too_large;
     int fd;
@@ -221,47 +234,74 @@ static int enqueue(struct server *s, struct job *j) {
 
 /* ---- responses ------------------------------------------------------------------------ */
 
-static enum MHD_Result respond(struct MHD_Connection *c, int status, const char *type,
-                               const char *body, size_t len) {
+/* CORS headers for an allowed Origin (a refused one never gets this far, see classify). */
+static void add_cors(struct server *s, struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    MHD_add_response_header(r, "Vary", "Origin");
+    if (!origin) return;
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (guard_host_ok(host, s->opt.allowed_hosts, s->opt.n_allowed_hosts) &&
+        guard_origin_ok(origin, host, s->opt.cors_origins, s->opt.n_cors_origins))
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+}
+
+static enum MHD_Result respond(struct server *s, struct MHD_Connection *c, int status,
+                               const char *type, const char *body, size_t len, int close) {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    add_cors(s, c, r);
     if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (close) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result respond_json(struct MHD_Connection *c, int status, json_t *v) {
-    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+static enum MHD_Result respond_json_c(struct server *s, struct MHD_Connection *c, int status,
+                                      json_t *v, int close) {
+    char *b = v ? json_dumps(v, JSON_COMPACT) : NULL;
     json_decref(v);
-    if (!s) { /* a bug (a NULL or non-UTF-8 string packed): answer rather than crash */
+    if (!b) { /* a bug (a NULL or non-UTF-8 string packed): answer rather than crash */
         static const char oops[] = "{\"error\":{\"message\":\"internal error: could not encode "
                                    "the response\",\"type\":\"server_error\",\"param\":null,"
                                    "\"code\":null}}";
-        return respond(c, 500, "application/json", oops, sizeof oops - 1);
+        return respond(s, c, 500, "application/json", oops, sizeof oops - 1, close);
     }
-    enum MHD_Result ret = respond(c, status, "application/json", s, strlen(s));
-    free(s);
+    enum MHD_Result ret = respond(s, c, status, "application/json", b, strlen(b), close);
+    free(b);
     return ret;
+}
+
+static enum MHD_Result respond_json(struct server *s, struct MHD_Connection *c, int status,
+                                    json_t *v) {
+    return respond_json_c(s, c, status, v, 0);
+}
+
+static enum MHD_Result respond_error_c(struct server *s, struct MHD_Connection *c,
+                                       const struct api_error *e, int close) {
+    pthread_mutex_lock(&s->mu);
+    s->met.errors++;
+    pthread_mutex_unlock(&s->mu);
+    return respond_json_c(s, c, e->status, api_error_json(e), close);
 }
 
 static enum MHD_Result respond_error(struct server *s, struct MHD_Connection *c,
                                      const struct api_error *e) {
-    pthread_mutex_lock(&s->mu);
-    s->met.errors++;
-    pthread_mutex_unlock(&s->mu);
-    return respond_json(c, e->status, api_error_json(e));
+    return respond_error_c(s, c, e, 0);
 }
+
+/* How long a stream waits at shutdown for the engine to write its last event. */
+#define SHUTDOWN_EVENT_WAIT_MS 5000
 
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     struct job *j = cls;
     struct server *s = j->server;
     (void)pos;
+    double t_stop = 0;
     pthread_mutex_lock(&j->mu);
     for (;;) {
         if (j->out_pos < j->out.len) {
@@ -278,8 +318,15 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         job_wait(j);
-        if (j->out_pos == j->out.len && !j->done &&
-            (peer_gone(j->fd) || atomic_load(&s->stopping))) {
+        if (j->out_pos < j->out.len || j->done) continue;
+        /* a client gone: cancel. Shutting down: the engine stops the job at its next token
+         * and writes the final event (an error event); wait for it, within a bound. */
+        int give_up = peer_gone(j->fd);
+        if (!give_up && atomic_load(&s->stopping)) {
+            if (t_stop == 0) t_stop = now_ms();
+            give_up = now_ms() - t_stop > SHUTDOWN_EVENT_WAIT_MS;
+        }
+        if (give_up) {
             atomic_store(&j->cancel, 1);
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -289,8 +336,13 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void sse_free(void *cls) {
     struct job *j = cls;
+    struct server *s = j->server;
     atomic_store(&j->cancel, 1); /* no-op when the job is done; else the client is gone */
     job_release(j);
+    pthread_mutex_lock(&s->mu);
+    s->n_streams--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* Runs a generation request: stream (SSE response that the engine feeds) or wait for the end. */
@@ -313,7 +365,14 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
                                            : "the request queue is full; retry later");
         return respond_error(s, c, &busy);
     }
+    /* from here the connection lives as long as the generation: no header/body deadline, and
+     * MHD's inactivity timeout is the stream's (a queued request may wait long for a token) */
+    if (s->conns) conns_request_generating(s->conns, c);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->opt.stream_timeout_s);
     if (j->stream) {
+        pthread_mutex_lock(&s->mu);
+        s->n_streams++;
+        pthread_mutex_unlock(&s->mu);
         struct MHD_Response *r =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, j, sse_free);
         if (!r) {
@@ -323,7 +382,7 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
-        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        add_cors(s, c, r);
         enum MHD_Result ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         return ret;
@@ -342,7 +401,7 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
         s->met.errors++;
         pthread_mutex_unlock(&s->mu);
     }
-    return respond_json(c, status, body);
+    return respond_json(s, c, status, body);
 }
 
 static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c) {
@@ -425,12 +484,29 @@ static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c)
     strbuf_printf(&b, "# HELP strata_requests_running Requests the engine is generating.\n"
                     "# TYPE strata_requests_running gauge\nstrata_requests_running %d\n",
                 running);
+    if (s->conns) {
+        int live;
+        unsigned long evicted, refused;
+        conns_counts(s->conns, &live, &evicted, &refused);
+        strbuf_printf(&b, "# HELP strata_connections Open client connections.\n"
+                        "# TYPE strata_connections gauge\nstrata_connections %d\n"
+                        "# HELP strata_connections_closed_total Connections closed for a newcomer or "
+                        "a header/body deadline.\n# TYPE strata_connections_closed_total counter\n"
+                        "strata_connections_closed_total %lu\n"
+                        "# HELP strata_connections_refused_total Newcomers refused (every connection "
+                        "busy).\n# TYPE strata_connections_refused_total counter\n"
+                        "strata_connections_refused_total %lu\n",
+                    live, evicted, refused);
+    }
     enum MHD_Result ret =
-        respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s ? b.s : "", b.len);
+        respond(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s ? b.s : "", b.len, 0);
     free(b.s);
     return ret;
 }
 
+/* Constant time in the key: the client's key is copied into a zeroed buffer as long as the
+ * longest key accepted and the whole buffer is compared, so neither the key's bytes nor its
+ * length show in the time taken (the client's own length is the client's to know). */
 static int api_key_ok(struct server *s, struct MHD_Connection *c) {
     if (!s->opt.api_key) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -438,48 +514,120 @@ static int api_key_ok(struct server *s, struct MHD_Connection *c) {
     if (h && strncasecmp(h, "Bearer ", 7) == 0) key = h + 7;
     if (!key) key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     if (!key) return 0;
-    size_t a = strlen(key), b = strlen(s->opt.api_key);
-    unsigned char diff = a != b;
-    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(key[i] ^ s->opt.api_key[i]);
+    size_t n = strnlen(key, SERVER_API_KEY_MAX + 1);
+    if (n > SERVER_API_KEY_MAX) return 0;
+    unsigned char got[SERVER_API_KEY_MAX] = {0};
+    memcpy(got, key, n);
+    volatile unsigned char diff = (unsigned char)(n != s->api_key_len);
+    for (size_t i = 0; i < SERVER_API_KEY_MAX; i++) diff |= (unsigned char)(got[i] ^ s->api_key[i]);
     return diff == 0;
 }
 
-/* Decides route, method and authentication before any body is read. */
+struct header_count {
+    int content_length, transfer_encoding;
+};
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value) {
+    struct header_count *hc = cls;
+    (void)kind, (void)value;
+    if (!strcasecmp(key, "Content-Length")) hc->content_length++;
+    if (!strcasecmp(key, "Transfer-Encoding")) hc->transfer_encoding++;
+    return MHD_YES;
+}
+
+static void refuse(struct conn *cn, int status, const char *type, const char *code,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void refuse(struct conn *cn, int status, const char *type, const char *code,
+                   const char *fmt, ...) {
+    cn->status = status;
+    cn->err_type = type;
+    cn->err_code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cn->err_msg, sizeof cn->err_msg, fmt, ap);
+    va_end(ap);
+}
+
+/* Decides route, method, Host, Origin, authentication, Content-Type and framing before any
+ * body is read. */
 static void classify(struct server *s, struct MHD_Connection *c, struct conn *cn, const char *url,
                      const char *method) {
-    int path_known = 0;
+    int path_known = 0, is_public = 0, json_body = 0;
     if (!strcmp(method, "OPTIONS")) { /* CORS preflight from browser clients */
         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
             if (!strcmp(url, routes[i].path)) cn->route = ROUTE_OPTIONS;
-        if (cn->route == ROUTE_OPTIONS) return;
+        if (!strncmp(url, "/v1/models/", 11) || !strncmp(url, "/models/", 8)) cn->route = ROUTE_OPTIONS;
     }
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+    for (size_t i = 0; cn->route == ROUTE_NONE && i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(url, routes[i].path) != 0) continue;
         path_known = 1;
         if (strcmp(method, routes[i].method) != 0) continue;
         cn->route = routes[i].route;
-        if (!routes[i].public && !api_key_ok(s, c)) {
-            cn->status = 401;
-            snprintf(cn->err_msg, sizeof cn->err_msg,
-                     "invalid or missing API key (send Authorization: Bearer KEY)");
-        }
-        break;
+        is_public = routes[i].public;
+        json_body = !strcmp(routes[i].method, "POST");
     }
-    if (!path_known && (!strncmp(url, "/v1/models/", 11) || !strncmp(url, "/models/", 8))) {
+    if (!path_known && cn->route == ROUTE_NONE &&
+        (!strncmp(url, "/v1/models/", 11) || !strncmp(url, "/models/", 8))) {
         path_known = 1;
-        if (!strcmp(method, "GET")) {
-            cn->route = ROUTE_MODEL;
-            if (!api_key_ok(s, c)) {
-                cn->status = 401;
-                snprintf(cn->err_msg, sizeof cn->err_msg,
-                         "invalid or missing API key (send Authorization: Bearer KEY)");
-            }
-        }
+        if (!strcmp(method, "GET")) cn->route = ROUTE_MODEL;
     }
     if (cn->route == ROUTE_NONE) {
-        cn->status = path_known ? 405 : 404;
-        snprintf(cn->err_msg, sizeof cn->err_msg, "%s %s: %s", method, url,
-                 path_known ? "method not allowed" : "no such route");
+        char qm[64], qu[160];
+        refuse(cn, path_known ? 405 : 404, NULL, NULL, "%s %s: %s",
+               api_quote(qm, sizeof qm, method, strlen(method), 16),
+               api_quote(qu, sizeof qu, url, strlen(url), 100),
+               path_known ? "method not allowed" : "no such route");
+        return;
+    }
+
+    /* a page that reached us through DNS rebinding names its own domain */
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (!guard_host_ok(host, s->opt.allowed_hosts, s->opt.n_allowed_hosts)) {
+        char q[160];
+        refuse(cn, 403, "permission_error", "host_not_allowed",
+               "the Host header '%s' does not name this server (an IP address, localhost, or a "
+               "name given with --allowed-host)", api_quote(q, sizeof q, host, strlen(host), 100));
+        return;
+    }
+    /* a web page of another origin: refused, preflight or not */
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (origin && !guard_origin_ok(origin, host, s->opt.cors_origins, s->opt.n_cors_origins)) {
+        char q[160];
+        refuse(cn, 403, "permission_error", "origin_not_allowed",
+               "requests from the web origin '%s' are not allowed (loopback origins and this "
+               "server's own are; others with --cors-origin)",
+               api_quote(q, sizeof q, origin, strlen(origin), 100));
+        return;
+    }
+    if (cn->route == ROUTE_OPTIONS) return;
+    if (!is_public && !api_key_ok(s, c)) {
+        refuse(cn, 401, NULL, "invalid_api_key",
+               "invalid or missing API key (send Authorization: Bearer KEY)");
+        return;
+    }
+
+    /* the body's framing: a second Content-Length, or one beside Transfer-Encoding, is how
+     * requests are smuggled past a proxy; refuse and close the connection after answering */
+    struct header_count hc = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &hc);
+    if (hc.content_length > 1 || (hc.content_length && hc.transfer_encoding) || hc.transfer_encoding > 1) {
+        refuse(cn, 400, NULL, NULL, "%s", hc.content_length > 1
+                                              ? "Content-Length is given more than once"
+                                              : hc.transfer_encoding > 1
+                                                    ? "Transfer-Encoding is given more than once"
+                                                    : "Content-Length and Transfer-Encoding are "
+                                                      "both given");
+        cn->close_after = 1;
+        return;
+    }
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (json_body && !guard_json_type(ct)) {
+        char q[160];
+        refuse(cn, 415, NULL, "unsupported_media_type",
+               "the body must be JSON, sent with Content-Type: application/json (got %s%s%s)",
+               ct ? "'" : "", ct ? api_quote(q, sizeof q, ct, strlen(ct), 100) : "none", ct ? "'" : "");
+        cn->close_after = 1; /* its body is not read */
         return;
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -496,6 +644,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cn) {
         cn = xcalloc(1, sizeof *cn);
         *con_cls = cn;
+        if (s->conns) conns_request_started(s->conns, c);
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cn->fd = ci ? ci->connect_fd : -1;
@@ -507,12 +656,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         s->met.requests++;
         pthread_mutex_unlock(&s->mu);
         classify(s, c, cn, url, method);
+        if (cn->status && cn->close_after) { /* answer now; the body is not read */
+            struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code};
+            snprintf(e.message, sizeof e.message, "%s", cn->err_msg);
+            return respond_error_c(s, c, &e, 1);
+        }
         if (cn->too_large && !cn->status) {
             /* answer before reading a body we will not accept */
             struct api_error e = {.status = 413, .type = "invalid_request_error"};
             snprintf(e.message, sizeof e.message, "request body exceeds the limit of %zu bytes",
                      s->opt.max_body_bytes);
-            return respond_error(s, c, &e);
+            return respond_error_c(s, c, &e, 1);
         }
         return MHD_YES;
     }
@@ -530,8 +684,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (cn->status) {
-        struct api_error e = {.status = cn->status, .type = "invalid_request_error"};
-        if (cn->status == 401) e.code = "invalid_api_key";
+        struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code};
         snprintf(e.message, sizeof e.message, "%s", cn->err_msg);
         return respond_error(s, c, &e);
     }
@@ -543,22 +696,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     switch (cn->route) {
     case ROUTE_HEALTH:
-        return respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+        return respond(s, c, 200, "application/json", "{\"status\":\"ok\"}", 15, 0);
     case ROUTE_MODELS:
-        return respond_json(c, 200, api_models_json(s->model_name, s->created, s->model));
+        return respond_json(s, c, 200, api_models_json(s->model_name, s->created, s->model));
     case ROUTE_MODEL: {
         const char *id = url + (!strncmp(url, "/v1/", 4) ? strlen("/v1/models/") : strlen("/models/"));
         if (strcmp(id, s->model_name) != 0) {
             struct api_error e = {.status = 404, .type = "invalid_request_error",
                                   .code = "model_not_found"};
-            snprintf(e.message, sizeof e.message, "the model '%.200s' does not exist (this server "
-                     "has '%s')", id, s->model_name);
+            char q[320];
+            snprintf(e.message, sizeof e.message, "the model '%s' does not exist (this server "
+                     "has '%s')", api_quote(q, sizeof q, id, strlen(id), 100), s->model_name);
             return respond_error(s, c, &e);
         }
         json_t *list = api_models_json(s->model_name, s->created, s->model);
         json_t *one = json_incref(json_array_get(json_object_get(list, "data"), 0));
         json_decref(list);
-        return respond_json(c, 200, one);
+        return respond_json(s, c, 200, one);
     }
     case ROUTE_METRICS:
         return serve_metrics(s, c);
@@ -567,21 +721,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         struct api_error e = {0};
         json_t *r = cn->route == ROUTE_TOKENIZE ? api_tokenize(s->tok, cn->body.s, cn->body.len, &e)
                                                 : api_detokenize(s->tok, cn->body.s, cn->body.len, &e);
-        return r ? respond_json(c, 200, r) : respond_error(s, c, &e);
+        return r ? respond_json(s, c, 200, r) : respond_error(s, c, &e);
     }
     case ROUTE_APPLY_TEMPLATE: {
         struct api_error e = {0};
         json_t *r = api_apply_template(&s->tmpl, cn->body.s, cn->body.len, &e);
-        return r ? respond_json(c, 200, r) : respond_error(s, c, &e);
+        return r ? respond_json(s, c, 200, r) : respond_error(s, c, &e);
     }
     case ROUTE_CHAT:
     case ROUTE_COMPLETIONS:
         return serve_generation(s, c, cn);
     case ROUTE_OPTIONS: {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        add_cors(s, c, r);
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type, X-Api-Key");
         MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
         enum MHD_Result ret = MHD_queue_response(c, 204, r);
         MHD_destroy_response(r);
@@ -595,35 +750,53 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
+    struct server *s = cls;
     struct conn *cn = *con_cls;
-    (void)cls, (void)c, (void)toe;
+    (void)toe;
+    if (s->conns) conns_request_done(s->conns, c);
     if (!cn) return;
     free(cn->body.s);
     free(cn);
     *con_cls = NULL;
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    struct server *s = cls;
+/* Log lines, rate-limited: a burst of LOG_BURST, then one a second; what is dropped is
+ * counted and reported with the next line let through (a flood of bad clients must not turn
+ * into a flood of log). */
+#define LOG_BURST 20
+static void server_vlog(struct server *s, const char *fmt, va_list ap) {
     if (s->opt.quiet) return;
+    pthread_mutex_lock(&s->log_mu);
+    double now = now_ms();
+    if (now - s->log_t >= 1000) {
+        s->log_tokens += (int)((now - s->log_t) / 1000);
+        if (s->log_tokens > LOG_BURST) s->log_tokens = LOG_BURST;
+        s->log_t = now;
+    }
+    if (s->log_tokens <= 0) {
+        s->log_dropped++;
+        pthread_mutex_unlock(&s->log_mu);
+        return;
+    }
+    s->log_tokens--;
+    if (s->log_dropped) fprintf(stderr, "strata serve: (%lu log lines dropped)\n", s->log_dropped);
+    s->log_dropped = 0;
     fprintf(stderr, "strata serve: ");
     vfprintf(stderr, fmt, ap);
+    pthread_mutex_unlock(&s->log_mu);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) { server_vlog(cls, fmt, ap); }
+
+static void conns_log(void *user, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void conns_log(void *user, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    server_vlog(user, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------ */
-
-static int resolve(const char *host, int port, struct sockaddr_storage *ss, struct error *err) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE},
-                    *res = NULL;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    int rc = getaddrinfo(host, ps, &hints, &res);
-    if (rc != 0 || !res) return error_set(err, "cannot resolve host '%s': %s", host, gai_strerror(rc));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    return 0;
-}
 
 struct server *server_start(const struct server_options *o, struct error *err) {
     struct server *s = xcalloc(1, sizeof *s);
@@ -632,7 +805,13 @@ struct server *server_start(const struct server_options *o, struct error *err) {
     if (!s->opt.host) s->opt.host = "127.0.0.1";
     if (s->opt.queue_max <= 0) s->opt.queue_max = 64;
     if (!s->opt.max_body_bytes) s->opt.max_body_bytes = (size_t)8 << 20;
+    if (s->opt.header_timeout_s <= 0) s->opt.header_timeout_s = 10;
+    if (s->opt.body_timeout_s <= 0) s->opt.body_timeout_s = 30;
+    if (s->opt.stream_timeout_s <= 0) s->opt.stream_timeout_s = 600;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->log_mu, NULL);
+    s->log_tokens = LOG_BURST;
+    s->log_t = now_ms();
     pthread_cond_init(&s->cv, NULL);
     s->created = (long)time(NULL);
     s->rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(now_ms() * 1e3);
@@ -647,6 +826,21 @@ struct server *server_start(const struct server_options *o, struct error *err) {
         while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
         const char *base = strrchr(tmp, '/');
         snprintf(s->model_name, sizeof s->model_name, "%s", base ? base + 1 : tmp);
+    }
+
+    if (s->opt.api_key) {
+        s->api_key_len = strlen(s->opt.api_key);
+        if (s->api_key_len == 0 || s->api_key_len > SERVER_API_KEY_MAX) {
+            error_set(err, "the API key must be 1 to %d bytes (it has %zu)", SERVER_API_KEY_MAX,
+                      s->api_key_len);
+            goto fail;
+        }
+        memcpy(s->api_key, s->opt.api_key, s->api_key_len);
+    }
+    if (utf8_validate(s->model_name, strlen(s->model_name), NULL) < 0) {
+        error_set(err, "the model name '%s' is not UTF-8 (it goes into JSON responses); give "
+                  "one with --alias", s->model_name);
+        goto fail;
     }
 
     const char *tdir = s->opt.tokenizer_dir ? s->opt.tokenizer_dir : dir;
@@ -675,25 +869,35 @@ struct server *server_start(const struct server_options *o, struct error *err) {
     }
     s->engine_started = 1;
 
-    struct sockaddr_storage ss;
-    if (resolve(s->opt.host, s->opt.port, &ss, err) != 0) goto fail;
+    struct conns_options co = {.host = s->opt.host, .port = s->opt.port,
+                               .max_connections = s->opt.max_connections,
+                               .max_per_client = s->opt.max_per_client,
+                               .header_timeout_s = s->opt.header_timeout_s,
+                               .body_timeout_s = s->opt.body_timeout_s,
+                               .log = conns_log, .log_user = s};
+    s->conns = conns_open(&co, err);
+    if (!s->conns) goto fail;
+    /* MHD gets connections from conns (no listening socket of its own), one thread each;
+     * its inactivity timeout covers headers and bodies (conns adds the totals), and a
+     * generation lengthens it for its own connection. Its connection limit is only a
+     * backstop: conns keeps far below it. */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->daemon = MHD_start_daemon(flags, (uint16_t)s->opt.port, NULL, NULL, on_request, s,
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    unsigned idle_s = (unsigned)(s->opt.header_timeout_s > s->opt.body_timeout_s
+                                     ? s->opt.header_timeout_s : s->opt.body_timeout_s);
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                                 MHD_OPTION_NOTIFY_CONNECTION, conns_notify, s->conns,
+                                 MHD_OPTION_CONNECTION_LIMIT, conns_fd_limit(s->conns),
+                                 MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
                                  MHD_OPTION_END);
     if (!s->daemon) {
-        error_set(err, "cannot listen on %s:%d: %s", s->opt.host, s->opt.port,
-                  errno ? strerror(errno) : "libmicrohttpd refused to start");
+        error_set(err, "cannot start libmicrohttpd: %s", errno ? strerror(errno) : "refused");
         goto fail;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->opt.port;
+    if (conns_run(s->conns, s->daemon, err) != 0) goto fail;
+    s->port = conns_port(s->conns);
     return s;
 fail:
     server_stop(s);
@@ -715,12 +919,27 @@ void server_stop(struct server *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->engine_thread, NULL);
     }
-    /* connection threads see `stopping` within 100 ms and finish their responses */
+    /* no new connections; the engine has ended every job (running ones with an error event:
+     * api_job_run), so every open stream has its last bytes - wait until MHD has written them
+     * (the streams' responses are freed), within a bound, before closing the sockets */
+    conns_stop(s->conns);
+    pthread_mutex_lock(&s->mu);
+    double t0 = now_ms();
+    while (s->n_streams > 0 && now_ms() - t0 < SHUTDOWN_EVENT_WAIT_MS) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    conns_free(s->conns);
     engine_free(s->engine);
     if (s->model) model_free(s->model);
     if (s->tok) tokenizer_free(s->tok);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->log_mu);
     pthread_cond_destroy(&s->cv);
     free(s);
 }

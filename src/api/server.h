@@ -4,7 +4,14 @@
  * One engine thread owns the model; HTTP connection threads validate requests, render and
  * tokenize prompts, and enqueue jobs into a bounded FIFO (full: 503 + Retry-After). Streaming
  * responses are written one SSE event per token the moment it exists; a client that goes away
- * cancels its generation at the next token. `strata serve` (cmd_serve in cli.h) is the CLI. */
+ * cancels its generation at the next token. `strata serve` (cmd_serve in cli.h) is the CLI.
+ *
+ * Hardening (issue 24): no web page can drive it - the Host header must name this server
+ * (DNS rebinding), only loopback origins, the server's own and --cors-origin ones get CORS
+ * (others are refused), JSON routes need Content-Type: application/json (guard.h); idle sockets
+ * cannot starve it - per-client and global connection caps under the fd limit, eviction of idle
+ * connections, deadlines for headers and bodies (conns.h); ambiguous framing (Content-Length
+ * given twice, or with Transfer-Encoding) is refused and the connection closed. */
 #ifndef STRATA_SERVER_H
 #define STRATA_SERVER_H
 
@@ -18,7 +25,7 @@ struct server_options {
     const char *tokenizer_dir; /* tokenizer.json + chat template; NULL: model_dir */
     const char *host;       /* default 127.0.0.1 */
     int port;               /* default 8080; 0 picks a free port (see server_port) */
-    const char *api_key;    /* NULL: no authentication */
+    const char *api_key;    /* NULL: no authentication; at most SERVER_API_KEY_MAX bytes */
     const char *model_name; /* NULL: the model directory's base name */
     struct model_options model;
     int queue_max;          /* requests waiting for the engine; default 64 */
@@ -28,7 +35,20 @@ struct server_options {
     size_t cache_bytes;     /* the prefix cache's budget; 0: half the device memory left free */
     int allow_forced_output; /* accept "strata_forced_output" (tests only) */
     int no_http;            /* load only: no listener, no engine thread (server_run_inprocess) */
+    /* browsers and names (guard.h) */
+    const char *const *cors_origins; /* extra origins given CORS ("https://app.example", "*") */
+    int n_cors_origins;
+    const char *const *allowed_hosts; /* extra names the Host header may carry */
+    int n_allowed_hosts;
+    /* connections (conns.h); 0 takes the default */
+    int max_connections;    /* 1000, clipped below the fd limit */
+    int max_per_client;     /* 64 per client address */
+    int header_timeout_s;   /* 10: a request's headers, and an idle keep-alive connection */
+    int body_timeout_s;     /* 30: a request's body, from its headers on */
+    int stream_timeout_s;   /* 600: a generation's connection, idle (no byte moving) at most */
 };
+
+#define SERVER_API_KEY_MAX 1024
 
 struct server;
 

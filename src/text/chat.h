@@ -133,6 +133,7 @@ struct chat_tool_call {
 struct chat_parsed {
     char *reasoning_content; /* NULL when the text had no reasoning part */
     char *content;           /* never NULL, may be "" */
+    size_t reasoning_len, content_len; /* bytes: the texts may hold NUL bytes */
     struct chat_tool_call *tool_calls;
     int n_tool_calls;
     int truncated; /* a tool call was cut off by the end of the text */

@@ -528,7 +528,9 @@ void chat_parse(const char *text, size_t len, int in_thinking, const json_t *too
     chat_stream_push(s, text, len);
     chat_stream_finish(s);
     if (out->n_tool_calls) out->tool_calls[out->n_tool_calls - 1].arguments = strbuf_take(&c.args);
+    out->content_len = c.content.len;
     out->content = strbuf_take(&c.content);
+    out->reasoning_len = s->saw_reasoning ? c.reasoning.len : 0;
     out->reasoning_content = s->saw_reasoning ? strbuf_take(&c.reasoning) : NULL;
     out->truncated = s->truncated;
     free(c.reasoning.s);

@@ -83,6 +83,8 @@ static int utf8_seq(const unsigned char *s, size_t n) {
     return need + 1;
 }
 
+int utf8_char_len(const char *s, size_t n) { return utf8_seq((const unsigned char *)s, n); }
+
 int utf8_validate(const char *s, size_t len, size_t *bad_at) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
@@ -437,7 +439,7 @@ static json_t *js_jansson(struct jscan *s, const char *field) {
     const char *start = s->p;
     if (js_skip(s, 0) < 0) return NULL;
     json_error_t je;
-    json_t *j = json_loadb(start, (size_t)(s->p - start), JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    json_t *j = json_loadb(start, (size_t)(s->p - start), JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
     if (!j) error_set(s->err, "%s: %s: %s", s->path, field, je.text);
     return j;
 }
@@ -604,6 +606,9 @@ static int scan_model(struct tokenizer *t, struct jscan *s, struct model_scan *m
     while ((r = js_next_key(s, &first, &klen)) == 1) {
         char key[64];
         snprintf(key, sizeof key, "%s", s->buf);
+        if ((strcmp(key, "vocab") == 0 && ms->have_vocab) || (strcmp(key, "merges") == 0 && ms->have_merges) ||
+            (strcmp(key, "type") == 0 && have_type))
+            return error_set(s->err, "%s: model.%s is given twice", s->path, key);
         if (strcmp(key, "vocab") == 0) {
             if (scan_vocab(t, s, max_id) < 0) return -1;
             ms->have_vocab = 1;
@@ -1009,6 +1014,14 @@ struct tokenizer *tokenizer_load(const char *path, struct error *err) {
     int first = 1, r;
     size_t klen;
     while ((r = js_next_key(&s, &first, &klen)) == 1) {
+        /* a key given twice is refused (the first value would be parsed, then dropped) */
+        static const char *const once[] = {"model", "added_tokens", "normalizer", "pre_tokenizer", "decoder"};
+        int *const seen[] = {&have_model, &have_added, &have_norm, &have_pretok, &have_dec};
+        for (int k = 0; k < 5; k++)
+            if (strcmp(s.buf, once[k]) == 0 && *seen[k]) {
+                error_set(err, "%s: the key \"%s\" is given twice", path, once[k]);
+                goto fail_s;
+            }
         if (strcmp(s.buf, "model") == 0) {
             if (scan_model(t, &s, &ms, &max_id) < 0) goto fail_s;
             have_model = 1;
@@ -1594,9 +1607,15 @@ size_t detok_push(struct detok *d, int32_t id, char *out, size_t cap) {
                 memcpy(d->pending, win, (size_t)np + take);
                 d->n_pending = np + (int)take;
                 return o;
-            } else { /* invalid: the pending bytes are one maximal subpart */
+            } else {
+                /* invalid: the maximal subpart is the longest valid prefix of win, which may
+                 * include bytes of b that extended the pending prefix; they are consumed with
+                 * it (one U+FFFD for all of them, as from_utf8_lossy) */
+                size_t m = (size_t)np;
+                while (m < (size_t)np + take && utf8_seq(win, m + 1) < 0) m++;
                 memcpy(out + o, REPL, 3);
                 o += 3;
+                i += m - (size_t)np;
                 d->n_pending = 0;
             }
             continue;

@@ -59,6 +59,9 @@ char *tokenizer_nfc(const char *text, size_t len, size_t *len_out);
 /* Checks UTF-8 validity (no overlongs, surrogates or code points past U+10FFFF); returns -1 and
  * the offset of the first bad byte in *bad_at, or 0. */
 int utf8_validate(const char *s, size_t len, size_t *bad_at);
+/* The character at s (n > 0 bytes available): its length when valid, 0 when s[0] starts no valid
+ * sequence, or -k when all n bytes are a valid but incomplete prefix of k < 4 bytes. */
+int utf8_char_len(const char *s, size_t n);
 
 /* Streaming detokenizer. No allocation: all state lives in the struct, and detok_push writes into
  * the caller's buffer, which must hold at least detok_max_out(t) bytes (CHECKed). Output is

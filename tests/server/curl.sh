@@ -36,14 +36,16 @@ ok 'grep -q "^strata_cache_budget_bytes [1-9]" "$tmp/metrics" && grep -q "^strat
 ok '"$exe" serve --model "$model" --cache-mem 12Q 2>&1 | grep -q "cache-mem" ; [ "${PIPESTATUS[0]}" -eq 2 ]' "--cache-mem malformed: an error"
 
 code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
-ok '[ "$(code "$url/apply-template" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}")" = 200 ] && grep -q "\"prompt\":\"<|im_start|>user\\\\nHi<|im_end|>" "$tmp/body"' "/apply-template renders the prompt"
-ok '[ "$(code "$url/apply-template" -d "{\"messages\":3}")" = 400 ]' "/apply-template 400"
+json=(-H 'Content-Type: application/json')
+ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}")" = 200 ] && grep -q "\"prompt\":\"<|im_start|>user\\\\nHi<|im_end|>" "$tmp/body"' "/apply-template renders the prompt"
+ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":3}")" = 400 ]' "/apply-template 400"
 ok '[ "$(code "$url/nope")" = 404 ]' "404"
 ok '[ "$(code -X DELETE "$url/v1/models")" = 405 ]' "405"
-ok '[ "$(code "$url/v1/chat/completions" -d "{bad")" = 400 ] && grep -q "line 1, column" "$tmp/body"' "400 malformed JSON with line/column"
-ok '[ "$(code "$url/v1/chat/completions" -d "{\"messages\":[],\"max_tokens\":-1}")" = 400 ]' "400 bad field"
+ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" -d "{bad")" = 400 ] && grep -q "line 1, column" "$tmp/body"' "400 malformed JSON with line/column"
+ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" -d "{\"messages\":[],\"max_tokens\":-1}")" = 400 ]' "400 bad field"
+ok '[ "$(code "$url/v1/chat/completions" -d "$body")" = 415 ] && grep -q "Content-Type: application/json" "$tmp/body"' "415 without Content-Type: application/json (curl -d sends a form type)"
 head -c 9000000 /dev/zero | tr '\0' ' ' >"$tmp/big"
-ok '[ "$(code "$url/v1/chat/completions" --data-binary @"$tmp/big")" = 413 ]' "413 body over 8 MiB"
+ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" --data-binary @"$tmp/big")" = 413 ]' "413 body over 8 MiB"
 ok 'curl -s "$url/health" >/dev/null' "alive after the errors"
 
 kill -TERM "$pid"
