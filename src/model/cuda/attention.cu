@@ -730,7 +730,7 @@ attn_prefill_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const
  * operands, bf16(P) and bf16(P - bf16(P)) (FA_PSPLIT): weights good to ~2^-17 like cpu.c's fp32
  * ones. With bf16(P) alone (as flash kernels and SDPA do for a bf16 model) the error is ~2^-9 of
  * each weight, and where a few keys share the weight and their values cancel (early tokens of a
- * prompt) it reached 6% of an output against cpu.c (run 132: rel L2 2.2-2.6e-3, per-element
+ * prompt) it reached 6% of an output against cpu.c (run 131: rel L2 2.2-2.6e-3, per-element
  * failures at T = 1,000); the split costs 2.8% at 16k (run 132). Then
  * out = bf16(bf16(o / l) * bf16(sigmoid(gate))). Keys past *pos + T are zero-filled (never read
  * past the cache rows that exist; their V is 0, so masked P = 0 times them stays 0).

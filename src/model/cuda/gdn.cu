@@ -419,7 +419,10 @@ gdn_chunk_prep_kernel(float *w_out, float *u_out, float *a_out, float *bg, const
 }
 
 /* Block (value head, NC state columns), sequential over the chunks; the state slice in
- * registers (DK / RG rows of one column per thread) and in shared memory for the products.
+ * registers (SR rows x 2 columns per thread) and in shared memory for the products. Register
+ * tiles (v_new and o: RT rows x 4 columns per thread; the state update: SR rows x 2 columns)
+ * so that each shared-memory load feeds several multiply-adds (run 132: one row-column per
+ * thread was bound by shared-memory loads, 27 us per chunk at 4B).
  * Shared: S (DK, NC), W, q exp(gamma), k exp(gamma_last - gamma) (GDN_C, DK + pad), A_qk
  * (GDN_C, GDN_C + pad), U, v_new (GDN_C, NC).
  * Bytes: 8 Hv dk dv (state) + T Hv (dv / NC) 4 (3 dk + GDN_C) (W, q, k, A_qk from L2 per block) +
@@ -430,19 +433,25 @@ gdn_chunk_state_kernel(uint16_t *o_out, float *state, const float *w_in, const f
                        const float *a_in, const float *bg, const float *qk, int T, int Hk, int Hv,
                        int dv) {
     extern __shared__ float4 cs_sm[];
-    constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD, RG = GDN_CT / NC;
-    constexpr int ROWS = GDN_C / RG, DR = DK / RG; /* rows of v_new / o, state rows per thread */
-    static_assert(GDN_CT % NC == 0 && GDN_C % RG == 0 && DK % RG == 0 && DR % 4 == 0, "tiling");
+    constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD;
+    constexpr int CG = NC / 4, RGN = GDN_CT / CG, RT = GDN_C / RGN; /* v_new / o tiles */
+    constexpr int CP = NC / 2, DG = GDN_CT / CP, SR = DK / DG;      /* state tiles */
+    static_assert(NC % 4 == 0 && GDN_CT % CG == 0 && GDN_C % RGN == 0 && RT >= 1, "o tiling");
+    static_assert(GDN_CT % CP == 0 && DK % DG == 0 && SR >= 1, "state tiling");
     float *Ss = (float *)cs_sm, *Ws = Ss + DK * NC, *Qs = Ws + GDN_C * RS, *Kd = Qs + GDN_C * RS;
     float *As = Kd + GDN_C * RS, *Us = As + GDN_C * AS, *Vn = Us + GDN_C * NC;
     const int v = blockIdx.x, col0 = blockIdx.y * NC, kh = v / (Hv / Hk), tid = threadIdx.x;
-    const int col = tid % NC, rg = tid / NC, key_dim = Hk * DK;
-    float *Sg = state + (size_t)v * DK * dv + col0 + col;
-    float S[DR];
+    const int key_dim = Hk * DK;
+    const int cg = tid % CG, rgn = tid / CG; /* o: rows rgn + RGN m, columns 4 cg .. 4 cg + 3 */
+    const int cp = tid % CP, dg = tid / CP;  /* state: rows SR dg .., columns 2 cp, 2 cp + 1 */
+    float *Sg = state + (size_t)v * DK * dv + col0 + 2 * cp;
+    float S[SR][2];
 #pragma unroll
-    for (int e = 0; e < DR; e++) {
-        S[e] = Sg[(size_t)(rg * DR + e) * dv];
-        Ss[(rg * DR + e) * NC + col] = S[e];
+    for (int e = 0; e < SR; e++) {
+        const int d = SR * dg + e;
+        S[e][0] = Sg[(size_t)d * dv];
+        S[e][1] = Sg[(size_t)d * dv + 1];
+        *(float2 *)(Ss + d * NC + 2 * cp) = make_float2(S[e][0], S[e][1]);
     }
     for (int t0 = 0; t0 < T; t0 += GDN_C) {
         const int L = min(GDN_C, T - t0);
@@ -468,67 +477,134 @@ gdn_chunk_state_kernel(uint16_t *o_out, float *state, const float *w_in, const f
             *(float4 *)(As + i * AS + j) = i < L ? *(const float4 *)(a_in + ((size_t)(t0 + i) * Hv + v) * GDN_C + j)
                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        for (int idx = tid; idx < GDN_C * NC; idx += GDN_CT) {
-            const int i = idx / NC, j = idx % NC;
-            Us[idx] = i < L ? u_in[((size_t)(t0 + i) * Hv + v) * dv + col0 + j] : 0.0f;
+        for (int idx = tid; idx < GDN_C * NC / 4; idx += GDN_CT) {
+            const int i = idx / (NC / 4), j = idx % (NC / 4) * 4;
+            *(float4 *)(Us + i * NC + j) = i < L ? *(const float4 *)(u_in + ((size_t)(t0 + i) * Hv + v) * dv + col0 + j)
+                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         __syncthreads();
 
         /* v_new = U - W S (HF: v_new = v_i - k_cumdecay[:, :, i] @ last_recurrent_state) */
+        {
+            float acc[RT][4];
 #pragma unroll
-        for (int m = 0; m < ROWS; m++) {
-            const int i = rg + RG * m;
-            float acc = 0.0f;
+            for (int m = 0; m < RT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
             for (int d = 0; d < DK; d += 4) {
-                const float4 w = *(const float4 *)(Ws + i * RS + d);
-                acc += w.x * Ss[d * NC + col] + w.y * Ss[(d + 1) * NC + col] +
-                       w.z * Ss[(d + 2) * NC + col] + w.w * Ss[(d + 3) * NC + col];
+                float4 s4[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) s4[e] = *(const float4 *)(Ss + (d + e) * NC + 4 * cg);
+#pragma unroll
+                for (int m = 0; m < RT; m++) {
+                    const float4 w = *(const float4 *)(Ws + (rgn + RGN * m) * RS + d);
+                    const float wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        acc[m][0] += wv[e] * s4[e].x;
+                        acc[m][1] += wv[e] * s4[e].y;
+                        acc[m][2] += wv[e] * s4[e].z;
+                        acc[m][3] += wv[e] * s4[e].w;
+                    }
+                }
             }
-            Vn[i * NC + col] = Us[i * NC + col] - acc;
+#pragma unroll
+            for (int m = 0; m < RT; m++) {
+                const int i = rgn + RGN * m;
+                const float4 u = *(const float4 *)(Us + i * NC + 4 * cg);
+                *(float4 *)(Vn + i * NC + 4 * cg) =
+                    make_float4(u.x - acc[m][0], u.y - acc[m][1], u.z - acc[m][2], u.w - acc[m][3]);
+            }
         }
         __syncthreads();
 
-        /* o = (q exp(gamma)) S + A_qk v_new (HF: attn_inter + attn @ v_new) */
+        /* o = (q exp(gamma)) S + A_qk v_new (HF: attn_inter + attn @ v_new); A_qk is zero above
+         * its diagonal, so each row's sum runs to the end of its quad of columns */
+        {
+            float acc[RT][4];
 #pragma unroll
-        for (int m = 0; m < ROWS; m++) {
-            const int i = rg + RG * m;
-            float acc = 0.0f;
+            for (int m = 0; m < RT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
             for (int d = 0; d < DK; d += 4) {
-                const float4 qv = *(const float4 *)(Qs + i * RS + d);
-                acc += qv.x * Ss[d * NC + col] + qv.y * Ss[(d + 1) * NC + col] +
-                       qv.z * Ss[(d + 2) * NC + col] + qv.w * Ss[(d + 3) * NC + col];
+                float4 s4[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) s4[e] = *(const float4 *)(Ss + (d + e) * NC + 4 * cg);
+#pragma unroll
+                for (int m = 0; m < RT; m++) {
+                    const float4 q = *(const float4 *)(Qs + (rgn + RGN * m) * RS + d);
+                    const float qv[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        acc[m][0] += qv[e] * s4[e].x;
+                        acc[m][1] += qv[e] * s4[e].y;
+                        acc[m][2] += qv[e] * s4[e].z;
+                        acc[m][3] += qv[e] * s4[e].w;
+                    }
+                }
             }
-            float acc2 = 0.0f;
-            for (int j = 0; j <= i; j++) acc2 += As[i * AS + j] * Vn[j * NC + col];
-            if (i < L) o_out[((size_t)(t0 + i) * Hv + v) * dv + col0 + col] = f2bf(acc + acc2);
+#pragma unroll
+            for (int m = 0; m < RT; m++) {
+                const int i = rgn + RGN * m;
+                float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int j = 0; j <= i; j += 4) {
+                    const float4 a = *(const float4 *)(As + i * AS + j);
+                    const float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float4 vn = *(const float4 *)(Vn + (j + e) * NC + 4 * cg);
+                        b[0] += av[e] * vn.x;
+                        b[1] += av[e] * vn.y;
+                        b[2] += av[e] * vn.z;
+                        b[3] += av[e] * vn.w;
+                    }
+                }
+                if (i < L) {
+                    uint16_t *op = o_out + ((size_t)(t0 + i) * Hv + v) * dv + col0 + 4 * cg;
+                    *(uint2 *)op = make_uint2(pack_bf(acc[m][0] + b[0], acc[m][1] + b[1]),
+                                              pack_bf(acc[m][2] + b[2], acc[m][3] + b[3]));
+                }
+            }
         }
 
         /* S <- exp(gamma_last) S + (k exp(gamma_last - gamma))^T v_new */
         {
             const float el = expf(glast);
-            float acc[DR];
+            float acc[SR][2];
 #pragma unroll
-            for (int e = 0; e < DR; e++) acc[e] = 0.0f;
+            for (int e = 0; e < SR; e++) acc[e][0] = acc[e][1] = 0.0f;
             for (int j = 0; j < L; j++) {
-                const float vn = Vn[j * NC + col];
+                const float2 vn = *(const float2 *)(Vn + j * NC + 2 * cp);
+                const float *kd = Kd + j * RS + SR * dg;
+                if constexpr (SR % 4 == 0) {
 #pragma unroll
-                for (int e = 0; e < DR; e += 4) {
-                    const float4 kd = *(const float4 *)(Kd + j * RS + rg * DR + e);
-                    acc[e] += kd.x * vn;
-                    acc[e + 1] += kd.y * vn;
-                    acc[e + 2] += kd.z * vn;
-                    acc[e + 3] += kd.w * vn;
+                    for (int e = 0; e < SR; e += 4) {
+                        const float4 k4 = *(const float4 *)(kd + e);
+                        acc[e][0] += k4.x * vn.x, acc[e][1] += k4.x * vn.y;
+                        acc[e + 1][0] += k4.y * vn.x, acc[e + 1][1] += k4.y * vn.y;
+                        acc[e + 2][0] += k4.z * vn.x, acc[e + 2][1] += k4.z * vn.y;
+                        acc[e + 3][0] += k4.w * vn.x, acc[e + 3][1] += k4.w * vn.y;
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < SR; e++) {
+                        acc[e][0] += kd[e] * vn.x;
+                        acc[e][1] += kd[e] * vn.y;
+                    }
                 }
             }
 #pragma unroll
-            for (int e = 0; e < DR; e++) S[e] = el * S[e] + acc[e];
+            for (int e = 0; e < SR; e++) {
+                S[e][0] = el * S[e][0] + acc[e][0];
+                S[e][1] = el * S[e][1] + acc[e][1];
+            }
         }
         __syncthreads(); /* every product read the old S and this chunk's tiles */
 #pragma unroll
-        for (int e = 0; e < DR; e++) Ss[(rg * DR + e) * NC + col] = S[e];
+        for (int e = 0; e < SR; e++)
+            *(float2 *)(Ss + (SR * dg + e) * NC + 2 * cp) = make_float2(S[e][0], S[e][1]);
     }
 #pragma unroll
-    for (int e = 0; e < DR; e++) Sg[(size_t)(rg * DR + e) * dv] = S[e];
+    for (int e = 0; e < SR; e++) {
+        Sg[(size_t)(SR * dg + e) * dv] = S[e][0];
+        Sg[(size_t)(SR * dg + e) * dv + 1] = S[e][1];
+    }
 }
 
 /* Gated RMSNorm, a warp per (token, value head): out = bf16(bf16(w * bf16(o * rsqrt(mean(o^2) +
@@ -620,12 +696,13 @@ extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t 
 }
 
 /* State columns per block of the chunked pass: 32 where that still gives ~an SM's worth of
- * blocks (4B / 9B: 128 blocks), else 16 (0.8B / 2B: 128 blocks instead of 64). */
+ * blocks (4B / 9B: 128 blocks), else 16 (0.8B / 2B: 128 blocks instead of 64). (A block of 16
+ * does half a block of 32's arithmetic per chunk but loads the same W, q, k, A_qk tiles.) */
 template <int DK>
 static int chunk_cols(const struct cuda *cu, const struct config *c) {
     const int dv = c->linear_value_head_dim, Hv = c->linear_num_value_heads;
-    if (DK < 64 || dv % 16) return 32; /* 16 columns need DK / 16 >= 4 state rows per thread */
-    return dv % 32 == 0 && (long)Hv * (dv / 32) * 4 >= (long)cu->info.n_sm * 3 ? 32 : 16;
+    if (dv % 32) return 16;
+    return (long)Hv * (dv / 32) * 4 >= (long)cu->info.n_sm * 3 ? 32 : 16;
 }
 
 template <int DK, int NC>
@@ -660,7 +737,7 @@ static void launch_chunked(struct cuda *cu, const struct config *c, float *state
     if (chunk_cols<DK>(cu, c) == 32)
         launch_chunk_state<DK, 32>(cu, c, state, T);
     else
-        launch_chunk_state<DK, DK >= 64 ? 16 : 32>(cu, c, state, T);
+        launch_chunk_state<DK, 16>(cu, c, state, T);
 }
 
 extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out,
