@@ -553,11 +553,7 @@ static void check_embed_argmax(struct pair *p, const struct config *c, const cha
  * (the CUDA backend's snap_align is its chunk), the recurrent state and conv ring, CUDA (written
  * by the chunk pass and the ring kernel) against the CPU (copied inside its token loop); the
  * output as in check_gdn. */
-static void check_gdn_snaps(const struct config *c, const char *tag, int T, int pos0) {
-    struct error err = {{0}};
-    struct pair pp = {backend_cpu_create(c, 4096, 256, 0), backend_cuda_create(c, 4096, 256, &err)};
-    struct pair *p = &pp;
-    CHECK(pp.gpu);
+static void check_gdn_snaps(struct pair *p, const struct config *c, const char *tag, int T, int pos0) {
     const int Hv = c->linear_num_value_heads, H = c->hidden_size;
     const size_t row = (size_t)c->conv_dim + c->value_dim + 2 * Hv, nproj = (size_t)T * row;
     const size_t nh = (size_t)T * H, nwo = (size_t)H * c->value_dim;
@@ -608,8 +604,6 @@ static void check_gdn_snaps(const struct config *c, const char *tag, int T, int 
     }
     free(out[0]), free(out[1]), free(proj), free(cw), free(cs), free(wo), free(h0);
     free(A_log), free(dt_bias), free(nw), free(st);
-    pp.gpu->ops->destroy(pp.gpu);
-    pp.cpu->ops->destroy(pp.cpu);
 }
 
 static void check_size(const char *size) {
@@ -731,8 +725,8 @@ static void check_size(const char *size) {
     check_gdn(&p, &c, size, 1, 3, 0, 4, 1); /* the step started by the in_proj's count */
     check_gdn(&p, &c, size, 1, 3, 1, 6, 1);
     check_gdn(&p, &c, size, 3, 2, 0, 1, 1);
-    check_gdn_snaps(&c, size, 200, 0); /* on backends of max_T 256 */
-    check_gdn_snaps(&c, size, 130, 70);
+    check_gdn_snaps(&p, &c, size, 200, 0);
+    check_gdn_snaps(&p, &c, size, 130, 70);
     p.gpu->ops->destroy(p.gpu);
     p.cpu->ops->destroy(p.cpu);
 }
