@@ -179,6 +179,43 @@ int cmd_bench(int argc, char **argv) {
             }
             double ms = median(v, reps);
             printf("prefill %d at %d %s: %.2f ms (%.0f tok/s)\n", N, P, dir, ms, N / ms * 1e3);
+            /* what the prefix cache adds: the same prefill with a checkpoint taken inside it,
+             * 5 tokens before its end (the start of an assistant turn); a checkpoint restored
+             * and a sequence forked at P (the KV rows before P copied) */
+            struct model_ckpt *ck = model_ckpt_create(m), *ck2 = model_ckpt_create(m);
+            struct model_seq *s0 = model_seq_current(m), *s1 = model_seq_create(m);
+            double vs[32], vr[32], vf[32];
+            int32_t *ids = xmalloc((size_t)N * sizeof *ids);
+            random_ids(ids, N, c->vocab_size);
+            const int at5 = N > 5 ? N - 5 : N;
+            for (int r = 0; r < reps; r++) {
+                if (P > 0 && time_prefill(m, P, 1, &err) < 0) break;
+                if (P == 0) model_reset(m);
+                model_ckpt_take(m, ck2, 0);
+                be->ops->sync(be);
+                double t0 = now_ms();
+                if (model_prefill_ckpt(m, ids, N, &ck, &at5, 1, &err) != 0) break;
+                model_argmax(m);
+                vs[r] = now_ms() - t0;
+                if (!s1) { vr[r] = vf[r] = 0; continue; }
+                be->ops->sync(be);
+                t0 = now_ms();
+                model_ckpt_restore(m, ck2, 0);
+                be->ops->sync(be);
+                vr[r] = now_ms() - t0;
+                t0 = now_ms();
+                model_seq_use(m, s1);
+                model_seq_fork(m, s1, s0, P);
+                model_ckpt_restore(m, ck2, 0);
+                be->ops->sync(be);
+                vf[r] = now_ms() - t0;
+                model_seq_use(m, s0);
+            }
+            printf("  with a checkpoint inside: %.2f ms; a restore: %.3f ms; a fork at %d + restore: %.3f ms\n",
+                   median(vs, reps), median(vr, reps), P, median(vf, reps));
+            free(ids);
+            model_ckpt_free(m, ck);
+            model_ckpt_free(m, ck2);
             q += used;
             if (*q == ',') q++;
         }
