@@ -648,6 +648,39 @@ static void test_env_int(void) {
     unsetenv(name);
 }
 
+/* generation_config.json: absent is fine, the demo's is read, a malformed one names the field */
+static void test_gen_defaults(void) {
+    struct gen_defaults g;
+    struct error err = {{0}};
+    char path[600];
+    snprintf(path, sizeof path, "%s/none.json", tmp_dir);
+    EXPECT(gen_defaults_load(&g, path, &err) == 0 && !g.present && g.do_sample, "no generation_config.json");
+    EXPECT(gen_defaults_load(&g, "demo/generation_config.json", &err) == 0 && g.present &&
+               g.has_temperature && g.temperature > 0.69f && g.temperature < 0.71f && g.top_k == 20 &&
+               g.has_top_p && !g.has_min_p,
+           "the demo's generation_config.json: %s", err.msg);
+    static const struct {
+        const char *json, *msg;
+    } bad[] = {{"{\"temperature\": \"hot\"}", "temperature: expected a number"},
+               {"{\"top_p\": 1.5}", "top_p: expected a number in [0, 1]"},
+               {"{\"top_k\": 2.5}", "top_k: expected a number in [0, 1e+09] (an integer)"},
+               {"{\"do_sample\": 1}", "do_sample: expected true or false"},
+               {"[1, 2]", "expected a JSON object"},
+               {"{\"temperature\": 0.7,}", "malformed JSON at line 1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(path, sizeof path, "%s/generation_config.json", tmp_dir);
+        FILE *f = fopen(path, "w");
+        CHECK(f);
+        fputs(bad[i].json, f);
+        fclose(f);
+        memset(&err, 0, sizeof err);
+        EXPECT(gen_defaults_load(&g, path, &err) < 0 && strstr(err.msg, bad[i].msg) &&
+                   strstr(err.msg, "generation_config.json"),
+               "generation_config %s: %s (want '%s')", bad[i].json, err.msg, bad[i].msg);
+        remove(path);
+    }
+}
+
 int main(void) {
     const char *env = getenv("STRATA_BAD_DIR");
     if (env) {
@@ -667,6 +700,7 @@ int main(void) {
     }
     test_config();
     test_env_int();
+    test_gen_defaults();
     test_safetensors();
     test_corpus();
     test_fuzz();

@@ -185,11 +185,12 @@ static uint64_t next_rand(uint64_t *rng, pthread_mutex_t *mu) {
     return z ^ (z >> 31);
 }
 
-/* Sampling, limits, stop strings, stream flags: the fields both endpoints share. */
-static int parse_common(struct job *j, const json_t *rq, int ctx, int vocab, uint64_t *rng,
-                        pthread_mutex_t *rng_mu, struct api_error *e) {
+/* Sampling (over the checkpoint's generation_config.json defaults), limits, stop strings,
+ * stream flags: the fields both endpoints share. */
+static int parse_common(struct job *j, const json_t *rq, const struct model *m, int ctx, int vocab,
+                        uint64_t *rng, pthread_mutex_t *rng_mu, struct api_error *e) {
     struct sampler_params *sp = &j->req.sampling;
-    sampler_params_default(sp);
+    engine_sampling_defaults(m, sp);
     double x = 0;
     long long n = 0;
     int b, r;
@@ -435,7 +436,7 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     j->request = rq;
     snprintf(j->model_name, sizeof j->model_name, "%s", model_name);
     const int ctx = model_ctx(m);
-    if (check_model_name(rq, e) || parse_common(j, rq, ctx, model_config(m)->vocab_size, rng, rng_mu, e)) goto fail;
+    if (check_model_name(rq, e) || parse_common(j, rq, m, ctx, model_config(m)->vocab_size, rng, rng_mu, e)) goto fail;
     if (is_chat) {
         char *prompt = NULL;
         if (prepare_chat(j, tmpl, &prompt, e)) {

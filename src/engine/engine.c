@@ -97,6 +97,22 @@ void engine_cache_stats(const struct engine *e, struct cache_stats *out) {
 }
 void engine_set_run_ahead(struct engine *e, int on) { e->run_ahead = on; }
 
+void engine_sampling_defaults(const struct model *m, struct sampler_params *sp) {
+    sampler_params_default(sp);
+    const struct gen_defaults *g = model_gen_defaults(m);
+    if (!g->present) return;
+    if (!g->do_sample) {
+        sp->temperature = 0;
+        return;
+    }
+    if (g->has_temperature) sp->temperature = g->temperature;
+    if (g->has_top_p) sp->top_p = g->top_p > 0 ? g->top_p : 1;
+    if (g->has_top_k) sp->top_k = g->top_k;
+    if (g->has_min_p) sp->min_p = g->min_p;
+    if (g->has_repetition_penalty) sp->repetition_penalty = g->repetition_penalty;
+    if (g->has_presence_penalty) sp->presence_penalty = g->presence_penalty;
+}
+
 int engine_n_eos(const struct engine *e, const int32_t **ids) {
     if (ids) *ids = e->eos;
     return e->n_eos;

@@ -104,6 +104,11 @@ void engine_cache_stats(const struct engine *e, struct cache_stats *out);
 void engine_set_run_ahead(struct engine *e, int on);
 int engine_n_eos(const struct engine *e, const int32_t **ids);
 
+/* sampler_params_default, then the checkpoint's generation_config.json (temperature, top_p,
+ * top_k, min_p, repetition_penalty, presence_penalty; do_sample false: greedy): what a request
+ * that names no sampling field gets. */
+void engine_sampling_defaults(const struct model *m, struct sampler_params *sp);
+
 /* Runs one request to its end. Returns 0 with res filled, or -1 with err when the request
  * cannot start (prompt empty or not fitting in the context: the caller's 400). */
 int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,

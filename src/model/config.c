@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct cfg_ctx {
     const char *path;   /* for messages */
@@ -403,5 +404,61 @@ int config_load(struct config *c, const char *path, struct error *err) {
     if (!text) return -1;
     int rc = config_parse(c, text, len, path, err);
     free(text);
+    return rc;
+}
+
+int gen_defaults_load(struct gen_defaults *g, const char *path, struct error *err) {
+    memset(g, 0, sizeof *g);
+    g->do_sample = 1;
+    if (access(path, F_OK) != 0) return 0;
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return error_set(err, "%s: malformed JSON at line %d, column %d: %s", path, jerr.line,
+                         jerr.column, jerr.text);
+    int rc = -1;
+    if (!json_is_object(root)) {
+        error_set(err, "%s: expected a JSON object at the top level", path);
+        goto done;
+    }
+    const json_t *ds = json_object_get(root, "do_sample");
+    if (ds && !json_is_null(ds)) {
+        if (!json_is_boolean(ds)) {
+            error_set(err, "%s: do_sample: expected true or false", path);
+            goto done;
+        }
+        g->do_sample = json_is_true(ds);
+    }
+    static const struct {
+        const char *name;
+        double lo, hi;
+    } fields[] = {{"temperature", 0, 100}, {"top_p", 0, 1}, {"top_k", 0, 1e9},
+                  {"min_p", 0, 1}, {"repetition_penalty", 1e-6, 100}, {"presence_penalty", -2, 2}};
+    int *has[] = {&g->has_temperature, &g->has_top_p, &g->has_top_k, &g->has_min_p,
+                  &g->has_repetition_penalty, &g->has_presence_penalty};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        const json_t *v = json_object_get(root, fields[i].name);
+        if (!v || json_is_null(v)) continue;
+        const double x = json_is_number(v) ? json_number_value(v) : -1e300;
+        if (!json_is_number(v) || !(x >= fields[i].lo && x <= fields[i].hi) ||
+            (i == 2 && x != (double)(long)x)) {
+            error_set(err, "%s: %s: expected a number in [%g, %g]%s", path, fields[i].name,
+                      fields[i].lo, fields[i].hi, i == 2 ? " (an integer)" : "");
+            goto done;
+        }
+        *has[i] = 1;
+        switch (i) {
+        case 0: g->temperature = (float)x; break;
+        case 1: g->top_p = (float)x; break;
+        case 2: g->top_k = (int)x; break;
+        case 3: g->min_p = (float)x; break;
+        case 4: g->repetition_penalty = (float)x; break;
+        default: g->presence_penalty = (float)x; break;
+        }
+    }
+    g->present = 1;
+    rc = 0;
+done:
+    json_decref(root);
     return rc;
 }

@@ -45,6 +45,22 @@ struct config {
     int n_linear_layers;
 };
 
+/* The sampling defaults a checkpoint publishes in generation_config.json (transformers'
+ * GenerationConfig): what a request that names none of these gets. A field is set only when the
+ * file gives it; do_sample false means greedy. */
+struct gen_defaults {
+    int present;          /* the file exists */
+    int do_sample;        /* 1 unless the file says false */
+    int has_temperature, has_top_p, has_top_k, has_min_p, has_repetition_penalty,
+        has_presence_penalty;
+    float temperature, top_p, min_p, repetition_penalty, presence_penalty;
+    int top_k;
+};
+
+/* Reads generation_config.json at `path`: 0 with g->present 0 if there is no such file, -1 (err
+ * names the file and field) if it is malformed or a value is out of range. */
+int gen_defaults_load(struct gen_defaults *g, const char *path, struct error *err);
+
 /* Reads and validates config.json at `path`. Every required field must be present with a sane
  * value; on failure err names the file and the field. */
 int config_load(struct config *c, const char *path, struct error *err);

@@ -88,6 +88,7 @@ struct model {
     int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
                          argmax also advanced pos_dev[0] to pos */
     int64_t n_posts;  /* steps run: each posts its choice */
+    struct gen_defaults gen; /* generation_config.json */
     int logits_pos;   /* m->logits row 0 holds the logits of the current sequence at this
                          position (of its token pos - 1), or -1 */
     const char *prefix;
@@ -300,6 +301,8 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     if (config_load(&m->config, path, err) < 0) goto fail;
     const struct config *c = &m->config;
     if (safetensors_open_dir(&m->st, dir, err) < 0) goto fail;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (gen_defaults_load(&m->gen, path, err) < 0) goto fail;
 
     /* language-model tensors live under model.language_model. (published multimodal checkpoints)
      * or model. (text-only exports) */
@@ -439,6 +442,7 @@ void model_free(struct model *m) {
 }
 
 const struct config *model_config(const struct model *m) { return &m->config; }
+const struct gen_defaults *model_gen_defaults(const struct model *m) { return &m->gen; }
 struct backend *model_backend(struct model *m) { return m->be; }
 int model_ctx(const struct model *m) { return m->ctx; }
 int model_async(const struct model *m) { return m->be->async; }

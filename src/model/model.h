@@ -28,6 +28,8 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
 void model_free(struct model *m);
 
 const struct config *model_config(const struct model *m);
+/* The checkpoint's generation_config.json (present 0 when it has none). */
+const struct gen_defaults *model_gen_defaults(const struct model *m);
 struct backend *model_backend(struct model *m);
 int model_ctx(const struct model *m);      /* positions available */
 /* Whether model_step returns before the step has run (a device backend): the caller can do

@@ -109,6 +109,16 @@ async function main() {
   expect(usage?.prompt_tokens_details?.cached_tokens === usage?.prompt_tokens,
     `identical re-send cached: ${JSON.stringify(usage)}`);
 
+  // no sampling fields: the checkpoint's generation_config.json (the demo's: temperature 0.7,
+  // top_p 0.8, top_k 20), not temperature 1 over the whole vocabulary
+  const q = { model: "demo", messages: [{ role: "user", content: "Write about the sea." }],
+    max_tokens: 32, ignore_eos: true, seed: 4242, chat_template_kwargs: { enable_thinking: false } };
+  const dflt = (await client.chat.completions.create(q)).choices[0].message.content;
+  const expl = (await client.chat.completions.create({ ...q, temperature: 0.7, top_p: 0.8, top_k: 20 })).choices[0].message.content;
+  const wide = (await client.chat.completions.create({ ...q, temperature: 1.0, top_p: 1, top_k: 0 })).choices[0].message.content;
+  expect(dflt === expl && dflt !== wide,
+    `generation_config defaults: ${JSON.stringify(dflt)} / explicit ${JSON.stringify(expl)} / wide ${JSON.stringify(wide)}`);
+
   // a conversation as an SDK user writes it: the next turn resumes the first turn's prompt up to
   // its assistant turn (where the template's rendering of the reply parts from the generation
   // prompt, "<think>\n\n</think>\n\n": ~7 tokens), and a second client with the same system
