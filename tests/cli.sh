@@ -36,11 +36,11 @@ echo '{"messages":[{"role":"user","content":"Hi"}]}' | "$exe" render >"$tmp/r"
 ok 'grep -q "^<|im_start|>user$" "$tmp/r" && grep -q "^<|im_start|>assistant$" "$tmp/r"' "render"
 ok '! echo "{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\"}]}" | "$exe" render >/dev/null 2>&1' "render: refusal exits non-zero"
 
-# bench: decode at a given context alone (the demo model on the CPU; its context is 4,096)
+# bench: decode at a given context alone (the demo model on the CPU; its context is 32,768)
 "$exe" bench --backend cpu --at 100 --reps 1 >"$tmp/b" 2>/dev/null; rc=$?
 ok '[ $rc -eq 0 ] && grep -Eq "^decode at 100 .*: [0-9.]+ tok/s" "$tmp/b"' "bench --at"
-"$exe" bench --backend cpu --at 5000 --reps 1 >/dev/null 2>"$tmp/b2"; rc=$?
-ok '[ $rc -eq 2 ] && grep -q "needs a context of 5050" "$tmp/b2"' "bench --at past the context"
+"$exe" bench --backend cpu --at 40000 --reps 1 >/dev/null 2>"$tmp/b2"; rc=$?
+ok '[ $rc -eq 2 ] && grep -q "needs a context of 40050" "$tmp/b2"' "bench --at past the context"
 "$exe" bench --backend cpu --at 12x >/dev/null 2>"$tmp/b3"; rc=$?
 ok '[ $rc -eq 2 ] && grep -q "expected an integer from 2" "$tmp/b3"' "bench: malformed number refused"
 

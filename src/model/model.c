@@ -267,20 +267,41 @@ static int is_skipped_name(const char *name) {
  * cache for ctx positions, DeltaNet states, activations for max_T tokens. The backend's scratch is
  * already allocated when this runs, so the free memory it reports accounts for it. Fails with
  * bytes needed vs free when the model cannot fit. */
-static int check_memory(struct model *m, const char *dir, struct error *err) {
-    struct backend *be = m->be;
-    size_t avail = be->ops->mem_free ? be->ops->mem_free(be) : 0;
-    if (!avail) return 0;
+/* Bytes of device memory the model needs at context ctx (as check_memory counts them). */
+static size_t model_need(const struct model *m, int ctx) {
     const struct config *c = &m->config;
     size_t need = 0;
     for (int i = 0; i < m->st.n_tensors; i++)
         if (!is_skipped_name(m->st.tensors[i].name)) need += m->st.tensors[i].nbytes;
-    need += (size_t)2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2 * m->ctx;
+    need += (size_t)2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2 * ctx;
     need += (size_t)c->n_linear_layers *
             ((size_t)c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim *
                  4 + (size_t)c->conv_dim * c->linear_conv_kernel_dim * 2);
     need += (size_t)m->max_T * 2 * (c->hidden_size + c->conv_dim + c->value_dim +
                                      c->intermediate_size + 2 * c->num_attention_heads * c->head_dim);
+    return need;
+}
+
+/* The largest context (a multiple of 256) whose model fits in the backend's free memory with a
+ * tenth of it to spare (the prefix cache then takes half of what is left): INT_MAX if memory
+ * is unknown. */
+static int fit_ctx(const struct model *m) {
+    struct backend *be = m->be;
+    const size_t avail = be->ops->mem_free ? be->ops->mem_free(be) : 0;
+    if (!avail) return 0x7fffffff;
+    const struct config *c = &m->config;
+    const size_t per_tok = (size_t)2 * c->num_key_value_heads * c->head_dim * c->n_full_layers * 2;
+    const size_t base = model_need(m, 0), room = avail - avail / 10;
+    if (base >= room || !per_tok) return 0;
+    const size_t n = (room - base) / per_tok;
+    return n > 0x7fffff00 ? 0x7fffff00 : (int)(n / 256 * 256);
+}
+
+static int check_memory(struct model *m, const char *dir, struct error *err) {
+    struct backend *be = m->be;
+    size_t avail = be->ops->mem_free ? be->ops->mem_free(be) : 0;
+    if (!avail) return 0;
+    const size_t need = model_need(m, m->ctx);
     if (need > avail)
         return error_set(err, "%s: not enough %s memory for a %d-token context: the model needs "
                               "%.2f GiB (weights, KV cache, states, activations), %.2f GiB free; "
@@ -312,7 +333,8 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     ld.seen = xcalloc((size_t)m->st.n_tensors + 1, 1);
 
     int max_pos = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
-    m->ctx = opt->ctx > 0 ? opt->ctx : (max_pos < 4096 ? max_pos : 4096);
+    /* default: the model's whole context, cut below to what the device holds (fit_ctx) */
+    m->ctx = opt->ctx > 0 ? opt->ctx : max_pos;
     if (m->ctx > max_pos) {
         error_set(err, "%s: requested context %d exceeds max_position_embeddings %d", dir, m->ctx,
                   max_pos);
@@ -335,7 +357,20 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
         m->max_T = opt->max_T > 0 ? opt->max_T : 512;
         m->be = backend_cpu_create(c, m->ctx, m->max_T, opt->n_threads);
     }
+    if (opt->ctx <= 0 && m->be->ops->mem_free) { /* the default context that fits */
+        const int fit = fit_ctx(m);
+        if (fit < m->ctx && fit >= 256) {
+            m->be->ops->destroy(m->be); /* its scratch is sized by the context */
+            m->ctx = fit;
+            if (m->max_T > m->ctx) m->max_T = m->ctx;
+            m->be = backend_cuda_create(c, m->ctx, m->max_T, err);
+            if (!m->be) goto fail;
+        }
+    }
     struct backend *be = m->be;
+    if (!m->quiet && opt->ctx <= 0 && m->ctx < max_pos)
+        fprintf(stderr, "strata: context %d tokens (the model's %d does not fit in %s memory)\n",
+                m->ctx, max_pos, be->ops->name);
 
     if (check_memory(m, dir, err) < 0) goto fail;
 

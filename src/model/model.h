@@ -15,7 +15,8 @@ enum backend_kind { BACKEND_AUTO = 0, BACKEND_CPU, BACKEND_CUDA };
 
 struct model_options {
     enum backend_kind backend;
-    int ctx;        /* context length (positions); 0: min(max_position_embeddings, 4096) */
+    int ctx;        /* context length (positions); 0: max_position_embeddings, or as much of it
+                       as the device's memory holds beside the weights */
     int n_threads;  /* CPU threads; 0: default */
     int max_T;      /* tokens per prefill chunk; 0: default 512 */
     int quiet;      /* no progress output */
