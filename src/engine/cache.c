@@ -40,7 +40,7 @@ size_t cache_default_budget(struct model *m) {
     size_t fr = be->ops->mem_free ? be->ops->mem_free(be) : 0;
     if (fr) return fr / 2;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : (size_t)1 << 30;
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 16 : (size_t)1 << 30;
 }
 
 struct cache *cache_create(struct model *m, const struct cache_params *p) {
@@ -51,11 +51,11 @@ struct cache *cache_create(struct model *m, const struct cache_params *p) {
     if (c->p.every <= 0) c->p.every = CACHE_DEFAULT_EVERY;
     const size_t seq_b = model_seq_bytes(m), ck_b = model_ckpt_bytes(m);
     /* up to half the budget in sequences beyond the model's own (at most 63), the rest in
-     * checkpoints (at most 4,096) */
+     * checkpoints (at most 1,024) */
     size_t extra = c->p.budget_bytes / 2 / (seq_b ? seq_b : 1);
     if (extra > 63) extra = 63;
     size_t n_ck = (c->p.budget_bytes - extra * seq_b) / (ck_b ? ck_b : 1);
-    if (n_ck > 4096) n_ck = 4096;
+    if (n_ck > 1024) n_ck = 1024;
     const int ctx = model_ctx(m);
     c->slots = xcalloc(extra + 1, sizeof *c->slots);
     c->slots[0].seq = model_seq_default(m);

@@ -52,7 +52,7 @@ struct cache;
 struct cache *cache_create(struct model *m, const struct cache_params *p);
 void cache_free(struct cache *c);
 
-/* The default budget: half of the backend memory free after the model loaded, or an eighth of
+/* The default budget: half of the backend memory free after the model loaded, or a sixteenth of
  * the machine's memory where the backend does not say (the CPU). */
 size_t cache_default_budget(struct model *m);
 
