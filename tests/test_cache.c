@@ -42,6 +42,20 @@ static struct prompt enc(const char *text) {
     return p;
 }
 
+/* s, `times` times over, as one prompt with no chat markup */
+static struct prompt enc_repeat(const char *s, int times) {
+    char big[8192] = "";
+    for (int i = 0; i < times && strlen(big) + strlen(s) < sizeof big; i++) strcat(big, s);
+    return enc(big);
+}
+
+/* a fresh cache on m: budget, checkpoints every `every` tokens (0: the default) */
+static struct cache *new_cache(struct cache *old, size_t budget, int every, int32_t boundary) {
+    cache_free(old);
+    struct cache_params p = {budget, every, boundary};
+    return cache_create(m, &p);
+}
+
 /* a prompt and tokens after it (a reply as the model state took it) */
 static struct prompt cat(struct prompt a, const int32_t *b, int nb) {
     struct prompt p = {malloc((size_t)(a.n + nb) * sizeof(int32_t)), a.n + nb};
@@ -203,12 +217,8 @@ int main(void) {
 
     /* checkpoints every N tokens inside a long prompt (none of its boundaries near) */
     {
-        cache_free(c);
-        struct cache_params lp = {(size_t)256 << 20, 100, im_start};
-        c = cache_create(m, &lp);
-        char big[8192] = "";
-        for (int i = 0; i < 40; i++) strcat(big, "The quick brown fox jumps over the lazy dog. ");
-        struct prompt L = enc(big);
+        c = new_cache(c, (size_t)256 << 20, 100, im_start);
+        struct prompt L = enc_repeat("The quick brown fox jumps over the lazy dog. ", 40);
         CHECK(L.n > 300);
         run(c, L, 2, NULL, "long prompt");
         L.ids[250] = L.ids[250] == 11 ? 12 : 11; /* parts at 250: the checkpoint at 200 */
@@ -219,9 +229,7 @@ int main(void) {
 
     /* one sequence: a shorter resume point cuts it back in place */
     {
-        cache_free(c);
-        struct cache_params one = {4 * model_ckpt_bytes(m), 0, im_start};
-        c = cache_create(m, &one);
+        c = new_cache(c, 4 * model_ckpt_bytes(m), 0, im_start);
         cache_get_stats(c, &st);
         EXPECT(st.n_seqs == 1 && st.n_ckpts == 4, "4 checkpoints' budget: %d seqs, %d ckpts",
                st.n_seqs, st.n_ckpts);
@@ -233,9 +241,7 @@ int main(void) {
                              "checkpoints went with the cut)", r, sys_end);
 
         /* a tiny budget: one checkpoint; requests still exact, the pool never over its size */
-        cache_free(c);
-        struct cache_params tiny = {model_ckpt_bytes(m), 0, im_start};
-        c = cache_create(m, &tiny);
+        c = new_cache(c, model_ckpt_bytes(m), 0, im_start);
         for (int i = 0; i < 3; i++) {
             run(c, i % 2 ? b1 : a1, 2, NULL, "tiny budget");
             cache_get_stats(c, &st);
@@ -250,8 +256,7 @@ int main(void) {
 
     /* a checkpoint at the very end of the context */
     {
-        cache_free(c);
-        c = cache_create(m, &cp);
+        c = new_cache(c, cp.budget_bytes, 0, im_start);
         const int ctx = model_ctx(m);
         struct prompt f = {malloc((size_t)(ctx - 1) * sizeof(int32_t)), ctx - 1};
         for (int i = 0; i < f.n; i++) f.ids[i] = 100 + (i * 7919) % 5000;
@@ -265,12 +270,8 @@ int main(void) {
 
     /* a feed cancelled between pieces: the tokens fed are cached, nothing past them */
     {
-        cache_free(c);
-        struct cache_params small = {(size_t)256 << 20, 16, im_start};
-        c = cache_create(m, &small);
-        char big[8192] = "";
-        for (int i = 0; i < 20; i++) strcat(big, "Pack my box with five dozen liquor jugs. ");
-        struct prompt L = enc(big);
+        c = new_cache(c, (size_t)256 << 20, 16, im_start);
+        struct prompt L = enc_repeat("Pack my box with five dozen liquor jugs. ", 20);
         CHECK(L.n > 16 * (BACKEND_MAX_SNAPS + 1));
         int calls = 0;
         r = cache_prepare(c, L.ids, L.n);
