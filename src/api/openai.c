@@ -299,6 +299,17 @@ static int parse_common(struct job *j, const json_t *rq, const struct model *m, 
     return 0;
 }
 
+/* OpenAI's developer role is a system-level instruction: in a copy of rq, a first message of
+ * that role becomes the template's system message. NULL when there is none (use rq). */
+static json_t *developer_as_system(const json_t *rq) {
+    const json_t *m0 = json_array_get(json_object_get(rq, "messages"), 0);
+    const char *role = json_string_value(json_object_get(m0, "role"));
+    if (!role || strcmp(role, "developer") != 0) return NULL;
+    json_t *copy = json_deep_copy(rq);
+    json_object_set_new(json_array_get(json_object_get(copy, "messages"), 0), "role", json_string("system"));
+    return copy;
+}
+
 static int check_model_name(const json_t *rq, struct api_error *e) {
     const json_t *v = json_object_get(rq, "model");
     if (v && !json_is_null(v) && !json_is_string(v))
@@ -323,6 +334,10 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
             strcmp(role, "tool") && strcmp(role, "developer"))
             return bad(e, "messages", "messages[%zu].role '%s' is not one of system, developer, "
                        "user, assistant, tool", i, QUOTE(role));
+        if (i > 0 && (!strcmp(role, "system") || !strcmp(role, "developer")))
+            return bad(e, "messages", "messages[%zu] is a %s message: the Qwen3.5 chat template "
+                       "takes one system (or developer) message, the first", i, role);
+
         const json_t *c = json_object_get(m, "content");
         if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
             return bad(e, "messages", "messages[%zu].content must be a string, an array of parts "
@@ -368,9 +383,10 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
             return bad(e, "chat_template_kwargs.enable_thinking",
                        "'chat_template_kwargs.enable_thinking' must be a boolean");
     }
-    json_t *render_rq = rq;
+    json_t *render_rq = developer_as_system(rq);
+    if (!render_rq) render_rq = rq;
     if (drop_tools) {
-        render_rq = json_copy(rq);
+        if (render_rq == rq) render_rq = json_copy(rq);
         json_object_del(render_rq, "tools");
         j->tools = NULL;
     }
@@ -833,7 +849,11 @@ json_t *api_apply_template(const struct chat_template *tmpl, const char *body, s
     }
     char *prompt = NULL;
     struct error err;
-    json_t *r = NULL;
+    json_t *r = NULL, *dev = developer_as_system(rq);
+    if (dev) {
+        json_decref(rq);
+        rq = dev;
+    }
     if (chat_render(tmpl, rq, &prompt, &err) != 0)
         bad(e, "messages", "%s", err.msg);
     else

@@ -39,6 +39,9 @@ code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
 json=(-H 'Content-Type: application/json')
 ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}")" = 200 ] && grep -q "\"prompt\":\"<|im_start|>user\\\\nHi<|im_end|>" "$tmp/body"' "/apply-template renders the prompt"
 ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":3}")" = 400 ]' "/apply-template 400"
+# OpenAI's developer role: the system message when it comes first; later, a 400 naming it
+ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"}]}")" = 200 ] && grep -q "\"prompt\":\"<|im_start|>system\\\\nBe brief.<|im_end|>" "$tmp/body"' "developer role as the system message"
+ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"developer\",\"content\":\"x\"}]}")" = 400 ] && grep -q "messages\[1\] is a developer message" "$tmp/body"' "a later developer message: 400 naming it"
 ok '[ "$(code "$url/nope")" = 404 ]' "404"
 ok '[ "$(code -X DELETE "$url/v1/models")" = 405 ]' "405"
 ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" -d "{bad")" = 400 ] && grep -q "line 1, column" "$tmp/body"' "400 malformed JSON with line/column"
