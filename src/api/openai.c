@@ -335,8 +335,9 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
             return bad(e, "messages", "messages[%zu].role '%s' is not one of system, developer, "
                        "user, assistant, tool", i, QUOTE(role));
         if (i > 0 && (!strcmp(role, "system") || !strcmp(role, "developer")))
-            return bad(e, "messages", "messages[%zu] is a %s message: the Qwen3.5 chat template "
-                       "takes one system (or developer) message, the first", i, role);
+            return bad(e, "messages", "messages[%zu] is a %s message: System message must be at "
+                       "the beginning (the Qwen3.5 chat template takes one system or developer "
+                       "message, the first)", i, role);
 
         const json_t *c = json_object_get(m, "content");
         if (c && !json_is_null(c) && !json_is_string(c) && !json_is_array(c))
