@@ -42,7 +42,7 @@ ok '[ $rc -eq 0 ] && grep -Eq "^decode at 100 .*: [0-9.]+ tok/s" "$tmp/b"' "benc
 "$exe" bench --backend cpu --at 40000 --reps 1 >/dev/null 2>"$tmp/b2"; rc=$?
 ok '[ $rc -eq 2 ] && grep -q "needs a context of 40050" "$tmp/b2"' "bench --at past the context"
 "$exe" bench --backend cpu --at 12x >/dev/null 2>"$tmp/b3"; rc=$?
-ok '[ $rc -eq 2 ] && grep -q "expected an integer from 2" "$tmp/b3"' "bench: malformed number refused"
+ok '[ $rc -eq 2 ] && grep -q -- "--at must be an integer from 2" "$tmp/b3"' "bench: malformed number refused"
 
 # errors: clear message, non-zero exit, no crash (exit < 128)
 "$exe" run --model /nonexistent --prompt-ids 1 >/dev/null 2>"$tmp/e1"; rc=$?
@@ -56,6 +56,14 @@ ok '[ $rc -eq 2 ] && grep -q "unknown or incomplete option" "$tmp/e4"' "bad opti
 "$exe" info --model tests/bad/st_truncated >/dev/null 2>"$tmp/e5"; rc=$?
 ok '[ $rc -eq 1 ] && grep -q "truncated file" "$tmp/e5"' "truncated checkpoint"
 
+# every command explains itself: --version, --help exit 0; a malformed number is an error
+ok '"$exe" --version | grep -q "^strata [0-9]"' "--version"
+for c in run info bench serve; do
+    ok '"$exe" '$c' --help | grep -q "usage: strata '$c'"' "$c --help exits 0 with its usage"
+done
+ok '! "$exe" serve --port abc 2>"$tmp/e" && grep -q -- "--port must be an integer from 0 to 65535" "$tmp/e"' "--port abc: an error, not a random port"
+ok '! "$exe" serve --ctx -5 2>"$tmp/e" && grep -q -- "--ctx must be an integer" "$tmp/e"' "--ctx -5: an error"
+ok '! "$exe" run --prompt hi -n x 2>"$tmp/e" && grep -q -- "-n must be an integer" "$tmp/e"' "run -n x: an error"
 rm -rf "$tmp"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -76,19 +76,6 @@ static double time_steps(struct model *m, int n) {
 }
 
 /* An option's integer value in [lo, hi]: 0, or -1 with a message naming the option. */
-static int opt_int(const char *opt, const char *v, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "strata bench: %s \"%s\": expected an integer from %d to %d\n", opt, v, lo,
-                hi);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     struct model_options opt = {0};
@@ -104,7 +91,7 @@ int cmd_bench(int argc, char **argv) {
         else if (v && !strcmp(a, "--reps")) num = &reps, lo = 1;
         else if (v && !strcmp(a, "--at")) num = &at, lo = 2, long_ctx = 0;
         if (num) {
-            if (opt_int(a, v, lo, 1 << 24, num) != 0) return 2;
+            if (cli_int("bench", a, v, lo, 1 << 24, num) != 0) return 2;
             i++;
         } else if (!strcmp(a, "--model") && v) dir = v, i++;
         else if (!strcmp(a, "--short")) long_ctx = 0;
@@ -115,11 +102,13 @@ int cmd_bench(int argc, char **argv) {
                                                                                : BACKEND_AUTO;
             i++;
         } else {
-            fprintf(stderr, "usage: strata bench [--model DIR] [--backend cpu|cuda] [--ctx N] "
-                            "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)] "
-                            "[--at N (decode at a context of N tokens alone)] "
-                            "[--pp-at P:N[,P:N...] (prefill of N tokens after P, first token chosen)]\n");
-            return 2;
+            const int help = !strcmp(a, "-h") || !strcmp(a, "--help");
+            fprintf(help ? stdout : stderr,
+                    "usage: strata bench [--model DIR] [--backend cpu|cuda] [--ctx N] "
+                    "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)] "
+                    "[--at N (decode at a context of N tokens alone)] "
+                    "[--pp-at P:N[,P:N...] (prefill of N tokens after P, first token chosen)]\n");
+            return help ? 0 : 2;
         }
     }
     if (!dir) dir = cli_default_model_dir();

@@ -1,4 +1,5 @@
 /* main.c - the strata command line: dispatches subcommands and implements `run` and `info`. */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,8 @@
 #include "model/model.h"
 #include "text/tokenizer.h"
 
+#define STRATA_VERSION "0.17 (2026-12-01)" /* the development session that made it */
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: strata <command> [options]\n"
@@ -24,7 +27,21 @@ static void usage(FILE *f) {
             "  info      config, parameter count, memory: strata info [--model DIR]\n"
             "  tokenize  text on stdin -> ids (or --decode ids -> text)\n"
             "  render    OpenAI chat request on stdin -> prompt text\n"
-            "common options: --model DIR, --backend cpu|cuda, --ctx N, --threads N\n");
+            "common options: --model DIR, --backend cpu|cuda, --ctx N, --threads N\n"
+            "strata --version; strata COMMAND --help\n");
+}
+
+int cli_int(const char *cmd, const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "strata %s: %s must be an integer from %d to %d (got '%s')\n", cmd, flag,
+                lo, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
 }
 
 const char *cli_default_model_dir(void) {
@@ -149,12 +166,24 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
         else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
         else if (!strcmp(a, "--chat")) chat = 1;
-        else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v) n_gen = atoi(v), i++;
+        else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v) {
+            if (cli_int("run", a, v, 1, 1 << 30, &n_gen) < 0) return 2;
+            i++;
+        }
         else if (!strcmp(a, "--temp") && v) sp.temperature = (float)atof(v), i++;
         else if (!strcmp(a, "--seed") && v) sp.seed = strtoull(v, NULL, 10), i++;
-        else if (!strcmp(a, "--ctx") && v) opt.ctx = atoi(v), i++;
-        else if (!strcmp(a, "--threads") && v) opt.n_threads = atoi(v), i++;
-        else if (!strcmp(a, "--backend") && v) {
+        else if (!strcmp(a, "--ctx") && v) {
+            if (cli_int("run", a, v, 1, 1 << 24, &opt.ctx) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--threads") && v) {
+            if (cli_int("run", a, v, 1, 4096, &opt.n_threads) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: strata run [--model DIR] (--prompt TEXT [--chat] | --prompt-ids \"1 2 3\")\n"
+                   "                  [-n 32] [--temp T] [--seed S] [--ctx N] [--threads N]\n"
+                   "                  [--backend cpu|cuda|auto]   (greedy unless --temp)\n");
+            return 0;
+        } else if (!strcmp(a, "--backend") && v) {
             if (parse_backend(v, &opt.backend) < 0) {
                 fprintf(stderr, "strata run: unknown backend '%s' (cpu, cuda, auto)\n", v);
                 return 2;
@@ -243,7 +272,11 @@ int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
-        else {
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: strata info [--model DIR]   (config, parameters, weight bytes, KV cache "
+                   "per token, DeltaNet state)\n");
+            return 0;
+        } else {
             fprintf(stderr, "strata info: unknown or incomplete option '%s'\n", argv[i]);
             return 2;
         }
@@ -307,6 +340,10 @@ static const struct command commands[] = {
 };
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
+        printf("strata %s\n", STRATA_VERSION);
+        return 0;
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

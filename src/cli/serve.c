@@ -71,18 +71,6 @@ static char *read_key_file(const char *path) {
     return s;
 }
 
-static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "strata serve: %s must be an integer from %d to %d (got '%s')\n", flag, lo, hi, v);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
 int cmd_serve(int argc, char **argv) {
     struct server_options o = {0};
     o.port = 8080;
@@ -96,9 +84,9 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--model") && v) o.model_dir = v, i++;
         else if (!strcmp(a, "--host") && v) o.host = v, i++;
         else if (!strcmp(a, "--tokenizer-dir") && v) o.tokenizer_dir = v, i++;
-        else if (!strcmp(a, "--port") && v) bad = parse_int(a, v, 0, 65535, &o.port), i++;
-        else if (!strcmp(a, "--ctx") && v) o.model.ctx = atoi(v), i++;
-        else if (!strcmp(a, "--threads") && v) o.model.n_threads = atoi(v), i++;
+        else if (!strcmp(a, "--port") && v) bad = cli_int("serve", a, v, 0, 65535, &o.port), i++;
+        else if (!strcmp(a, "--ctx") && v) bad = cli_int("serve", a, v, 1, 1 << 24, &o.model.ctx), i++;
+        else if (!strcmp(a, "--threads") && v) bad = cli_int("serve", a, v, 1, 4096, &o.model.n_threads), i++;
         else if (!strcmp(a, "--api-key") && v) {
             /* on the command line the key shows in /proc/PID/cmdline and `ps`: take a copy and
              * blank the argument (what is left is the window until here; prefer a file) */
@@ -109,15 +97,15 @@ int cmd_serve(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--api-key-file") && v) key_file = argv[++i], n_key_sources++;
         else if (!strcmp(a, "--alias") && v) o.model_name = v, i++;
-        else if (!strcmp(a, "--queue") && v) o.queue_max = atoi(v), i++;
+        else if (!strcmp(a, "--queue") && v) bad = cli_int("serve", a, v, 1, 1 << 20, &o.queue_max), i++;
         else if (!strcmp(a, "--max-body") && v) o.max_body_bytes = strtoull(v, NULL, 10), i++;
         else if (!strcmp(a, "--cors-origin") && v) cors[o.n_cors_origins++] = v, i++;
         else if (!strcmp(a, "--allowed-host") && v) hosts[o.n_allowed_hosts++] = v, i++;
-        else if (!strcmp(a, "--max-connections") && v) bad = parse_int(a, v, 1, 1000000, &o.max_connections), i++;
-        else if (!strcmp(a, "--max-per-client") && v) bad = parse_int(a, v, 1, 1000000, &o.max_per_client), i++;
-        else if (!strcmp(a, "--header-timeout") && v) bad = parse_int(a, v, 1, 86400, &o.header_timeout_s), i++;
-        else if (!strcmp(a, "--body-timeout") && v) bad = parse_int(a, v, 1, 86400, &o.body_timeout_s), i++;
-        else if (!strcmp(a, "--stream-timeout") && v) bad = parse_int(a, v, 1, 86400, &o.stream_timeout_s), i++;
+        else if (!strcmp(a, "--max-connections") && v) bad = cli_int("serve", a, v, 1, 1000000, &o.max_connections), i++;
+        else if (!strcmp(a, "--max-per-client") && v) bad = cli_int("serve", a, v, 1, 1000000, &o.max_per_client), i++;
+        else if (!strcmp(a, "--header-timeout") && v) bad = cli_int("serve", a, v, 1, 86400, &o.header_timeout_s), i++;
+        else if (!strcmp(a, "--body-timeout") && v) bad = cli_int("serve", a, v, 1, 86400, &o.body_timeout_s), i++;
+        else if (!strcmp(a, "--stream-timeout") && v) bad = cli_int("serve", a, v, 1, 86400, &o.stream_timeout_s), i++;
         else if (!strcmp(a, "--quiet")) o.quiet = 1;
         else if (!strcmp(a, "--test-forced-output")) o.allow_forced_output = 1;
         else if (!strcmp(a, "--no-prefix-cache")) o.no_prefix_reuse = 1;
