@@ -22,16 +22,13 @@ stage)
     cc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Isrc -o .carry/server/http_latency bench/http_latency.c \
         build-http-gpu/libstrata.a -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lunistring \
         -lm -lpthread -L"$CUDA_LIB" -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++ || exit 1
-    (cd .carry/server/debs && rm -f ./*.deb &&
-        apt-get download libffi8 libjansson4 libtasn1-6 libmicrohttpd12 libidn2-0 libpcre2-8-0 \
-            libnettle8 libhogweed6 libp11-kit0 libunistring2 libgmp10 libgnutls30 libicu72) || exit 1
+    bash bench/server-debs.sh download || exit 1
     du -sh .carry/server
     ;;
 run)
     OUT=${OUT:-/tmp/strata-gpu-out}
-    mkdir -p "$OUT" /tmp/http-latency-root
-    for f in .carry/server/debs/*.deb; do dpkg -x "$f" /tmp/http-latency-root; done
-    export LD_LIBRARY_PATH=/tmp/http-latency-root/usr/lib/x86_64-linux-gnu:$(dirname "$(command -v nvcc)")/../lib64
+    mkdir -p "$OUT"
+    source bench/server-debs.sh unpack /tmp/http-latency-root
     SIZE=${SIZE:-4b}
     M=/dev/shm/strata-http-$SIZE
     [ -f "$M/config.json" ] || python3 tools/compare_transformers.py random --size "$SIZE" --out "$M" 2>&1 | tail -1

@@ -24,16 +24,13 @@ stage)
     cp build-http-gpu/strata .carry/server/
     cp build-http-gpu/tests/test_cache .carry/tc/
     strip .carry/server/strata .carry/tc/test_cache
-    (cd .carry/server/debs && rm -f ./*.deb &&
-        apt-get download libffi8 libjansson4 libtasn1-6 libmicrohttpd12 libidn2-0 libpcre2-8-0 \
-            libnettle8 libhogweed6 libp11-kit0 libunistring2 libgmp10 libgnutls30 libicu72) || exit 1
+    bash bench/server-debs.sh download || exit 1
     du -sh .carry/server
     ;;
 run)
     OUT=${OUT:-/tmp/strata-gpu-out}
-    mkdir -p "$OUT" /tmp/mt-root
-    for f in .carry/server/debs/*.deb; do dpkg -x "$f" /tmp/mt-root; done
-    export LD_LIBRARY_PATH=/tmp/mt-root/usr/lib/x86_64-linux-gnu:$(dirname "$(command -v nvcc)")/../lib64
+    mkdir -p "$OUT"
+    source bench/server-debs.sh unpack /tmp/mt-root
     SIZE=${SIZE:-4b}
     M=/dev/shm/strata-models/$SIZE
     [ -f "$M/config.json" ] || python3 tools/compare_transformers.py random --size "$SIZE" --out "$M" 2>&1 | tail -1
@@ -57,9 +54,8 @@ run)
     ;;
 testcache) # tests/test_cache.c on the CUDA backend: carry .carry/server/debs and .carry/tc
     OUT=${OUT:-/tmp/strata-gpu-out}
-    mkdir -p "$OUT" /tmp/mt-root
-    for f in .carry/server/debs/*.deb; do dpkg -x "$f" /tmp/mt-root; done
-    export LD_LIBRARY_PATH=/tmp/mt-root/usr/lib/x86_64-linux-gnu:$(dirname "$(command -v nvcc)")/../lib64
+    mkdir -p "$OUT"
+    source bench/server-debs.sh unpack /tmp/mt-root
     echo "== test_cache on the GPU (resumed vs fresh prefills of the demo model, CUDA backend)"
     STRATA_TEST_BACKEND=cuda timeout 120 .carry/tc/test_cache 2>&1 | tail -12 | tee "$OUT/test_cache.txt"
     ;;

@@ -43,6 +43,8 @@ ok '[ $rc -eq 0 ] && grep -Eq "^decode at 100 .*: [0-9.]+ tok/s" "$tmp/b"' "benc
 ok '[ $rc -eq 2 ] && grep -q "needs a context of 40050" "$tmp/b2"' "bench --at past the context"
 "$exe" bench --backend cpu --at 12x >/dev/null 2>"$tmp/b3"; rc=$?
 ok '[ $rc -eq 2 ] && grep -q -- "--at must be an integer from 2" "$tmp/b3"' "bench: malformed number refused"
+"$exe" bench --backend cpu --pp-at 5 >/dev/null 2>"$tmp/b4"; rc=$?
+ok '[ $rc -eq 2 ] && grep -q -- "--pp-at .5.: expected P:N pairs" "$tmp/b4"' "bench --pp-at malformed: an error"
 
 # errors: clear message, non-zero exit, no crash (exit < 128)
 "$exe" run --model /nonexistent --prompt-ids 1 >/dev/null 2>"$tmp/e1"; rc=$?
