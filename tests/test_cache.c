@@ -30,6 +30,13 @@ static struct model *m, *ref;
 static int V;
 static int on_gpu;
 
+/* A resume point against the one the design gives on the CPU: there exactly; on the GPU the
+ * checkpoints inside a feed go back to a multiple of 64 tokens from its start (snap_align), so
+ * up to 63 fewer. */
+static int at_point(int got, int want) {
+    return on_gpu ? got <= want && got > want - 64 : got == want;
+}
+
 struct prompt {
     int32_t *ids;
     int n;
@@ -154,7 +161,7 @@ int main(void) {
     struct prompt b1 = enc(buf);
     const int sys_end = boundary_from_end(b1, 2);
     r = run(c, b1, 6, NULL, "shared system prompt");
-    EXPECT(r == sys_end && common(a1, b1) >= sys_end,
+    EXPECT(at_point(r, sys_end) && common(a1, b1) >= sys_end,
            "shared system prompt: resumed %d, want %d (shared %d)", r, sys_end, common(a1, b1));
 
     /* the next turn of a1's thinking conversation: its reply as the model wrote it (reasoning
@@ -170,7 +177,7 @@ int main(void) {
         const int want = boundary_from_end(a1, 1); /* a1's last boundary: its assistant turn */
         const int shared = common(a1, a2);
         r = run(c, a2, 4, NULL, "thinking conversation, turn 2");
-        EXPECT(r == want && shared - r <= 3,
+        EXPECT(at_point(r, want) && shared - want <= 3,
                "thinking turn 2: resumed %d, want %d (shares %d with turn 1)", r, want, shared);
         free(a2.ids);
     }
@@ -223,7 +230,7 @@ int main(void) {
         run(c, L, 2, NULL, "long prompt");
         L.ids[250] = L.ids[250] == 11 ? 12 : 11; /* parts at 250: the checkpoint at 200 */
         r = run(c, L, 2, NULL, "long prompt, changed at 250");
-        EXPECT(r == 200, "every 100 tokens: resumed %d, want 200", r);
+        EXPECT(at_point(r, 200), "every 100 tokens: resumed %d, want 200", r);
         free(L.ids);
     }
 
@@ -235,9 +242,9 @@ int main(void) {
                st.n_seqs, st.n_ckpts);
         run(c, a1, 3, NULL, "one sequence: a1");
         r = run(c, b1, 3, NULL, "one sequence: b1");
-        EXPECT(r == sys_end, "one sequence: resumed %d, want %d", r, sys_end);
+        EXPECT(at_point(r, sys_end), "one sequence: resumed %d, want %d", r, sys_end);
         r = run(c, a1, 3, NULL, "one sequence: a1 again");
-        EXPECT(r == sys_end, "one sequence: a1 after b1 resumed %d, want %d (a1's own "
+        EXPECT(at_point(r, sys_end), "one sequence: a1 after b1 resumed %d, want %d (a1's own "
                              "checkpoints went with the cut)", r, sys_end);
 
         /* a tiny budget: one checkpoint; requests still exact, the pool never over its size */
@@ -268,8 +275,9 @@ int main(void) {
         free(f.ids);
     }
 
-    /* a feed cancelled between pieces: the tokens fed are cached, nothing past them */
-    {
+    /* a feed cancelled between pieces: the tokens fed are cached, nothing past them (the CPU's
+     * checkpoints every 16 tokens make pieces of 8; the GPU's come every 64th: one piece) */
+    if (!on_gpu) {
         c = new_cache(c, (size_t)256 << 20, 16, im_start);
         struct prompt L = enc_repeat("Pack my box with five dozen liquor jugs. ", 20);
         CHECK(L.n > 16 * (BACKEND_MAX_SNAPS + 1));

@@ -169,14 +169,16 @@ int cmd_bench(int argc, char **argv) {
             double ms = median(v, reps);
             printf("prefill %d at %d %s: %.2f ms (%.0f tok/s)\n", N, P, dir, ms, N / ms * 1e3);
             /* what the prefix cache adds: the same prefill with a checkpoint taken inside it,
-             * 5 tokens before its end (the start of an assistant turn); a checkpoint restored
-             * and a sequence forked at P (the KV rows before P copied) */
+             * at the backend's last snapshot point 5 or more tokens before its end (the start of
+             * an assistant turn); a checkpoint restored and a sequence forked at P (the KV rows
+             * before P copied) */
             struct model_ckpt *ck = model_ckpt_create(m), *ck2 = model_ckpt_create(m);
             struct model_seq *s0 = model_seq_current(m), *s1 = model_seq_create(m);
             double vs[32], vr[32], vf[32];
             int32_t *ids = xmalloc((size_t)N * sizeof *ids);
             random_ids(ids, N, c->vocab_size);
-            const int at5 = N > 5 ? N - 5 : N;
+            const int A = be->snap_align > 0 ? be->snap_align : 1;
+            const int at5 = N - 5 >= A ? (N - 5) / A * A : N;
             for (int r = 0; r < reps; r++) {
                 if (P > 0 && time_prefill(m, P, 1, &err) < 0) break;
                 if (P == 0) model_reset(m);

@@ -223,9 +223,18 @@ int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
                 if (first < 0) first = q;
                 last2 = last1, last1 = q;
             }
+    /* the backend takes them where its prefill computes the states anyway (CUDA: every 64th
+     * token of a call, and calls start at r): each goes back to the last such point, so resuming
+     * there re-feeds up to 63 tokens more than the boundary would */
+    const int A = model_backend(m)->snap_align > 0 ? model_backend(m)->snap_align : 1;
     for (int q = r + 1; q < n && n_at < 60; q++) {
-        if (q == first || q == last1 || q == last2 || q % c->p.every == 0) at[n_at++] = q;
+        if (q != first && q != last1 && q != last2 && q % c->p.every != 0) continue;
+        const int qa = r + (q - r) / A * A;
+        if (qa > r && (n_at == 0 || at[n_at - 1] != qa)) at[n_at++] = qa;
     }
+    if (first >= 0) first = r + (first - r) / A * A;
+    if (last1 >= 0) last1 = r + (last1 - r) / A * A;
+    if (last2 >= 0) last2 = r + (last2 - r) / A * A;
     /* claimed in the order of their worth when the pool is short: the end of the prompt, the
      * last boundary, the one before, the first, then the rest from the end */
     const uint64_t floor = c->clock;

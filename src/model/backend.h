@@ -106,8 +106,9 @@ struct backend_ops {
      * position q (the last K positions before *pos; zero before position 0), so a step writes
      * one column and reads the others.                                     h (T, H)
      * snap (or NULL; T > 1 only): copies of the states partway, for checkpoints: after the
-     * call's first snap->t[i] tokens (0 < t[i] <= T, increasing), state to snap->state[i] and
-     * the ring (as it then is) to snap->conv[i]. */
+     * call's first snap->t[i] tokens (0 < t[i] <= T, increasing; each a multiple of
+     * be->snap_align or T), state to snap->state[i] and the ring (as it then is) to
+     * snap->conv[i]. */
     void (*gdn)(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
                 const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
                 const float *A_log, const float *dt_bias, const float *norm_w, float *state,
@@ -129,6 +130,8 @@ struct backend {
     int max_ctx; /* positions the KV cache holds */
     int max_T;   /* tokens per call */
     int async;   /* ops are queued on a device and run later: only download waits for them */
+    int snap_align; /* the gdn op's snapshots come at multiples of this many tokens of a call
+                       (the CUDA prefill's chunk: the states it computes anyway; CPU: any) */
     void *impl;
 };
 

@@ -494,6 +494,7 @@ struct backend *backend_cpu_create(const struct config *c, int max_ctx, int max_
     be->config = c;
     be->max_ctx = max_ctx;
     be->max_T = max_T;
+    be->snap_align = 1;
     be->impl = cpu;
     return be;
 }

@@ -639,30 +639,8 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
         return;
     }
     CHECK((size_t)T * value_dim <= cu->xn_elems);
-    /* snapshots: the mixer in pieces ending at each snapshot, the states copied after each (the
-     * projections stay one GEMM each: the weights are read once) */
-    const size_t row = (size_t)N_in, state_bytes = (size_t)Hv * c->linear_key_head_dim *
-                                                   c->linear_value_head_dim * sizeof(float);
-    const size_t conv_bytes = (size_t)conv_dim * c->linear_conv_kernel_dim * sizeof(uint16_t);
-    CHECK(!snap || (snap->n >= 0 && snap->n <= BACKEND_MAX_SNAPS));
-    for (int i = 0, t0 = 0; t0 < T; i++) {
-        const int t1 = snap && i < snap->n ? snap->t[i] : T;
-        CHECK(t1 > t0 && t1 <= T);
-        const int32_t *p = pos;
-        if (t0 > 0) {
-            cuda_pos_add(cu, cu->snap_pos + i - 1, pos, t0);
-            p = cu->snap_pos + i - 1;
-        }
-        PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, cu->xn + (size_t)t0 * value_dim, proj + t0 * row,
-                                               conv_state, conv_w, A_log, dt_bias, norm_w, state,
-                                               p, t1 - t0));
-        if (snap && i < snap->n) {
-            gpu_memcpy_d2d(snap->state[i], state, state_bytes, cu->stream);
-            gpu_memcpy_d2d(snap->conv[i], conv_state, conv_bytes, cu->stream);
-            cu->n_launches += 2;
-        }
-        t0 = t1;
-    }
+    PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, cu->xn, proj, conv_state, conv_w, A_log, dt_bias,
+                                           norm_w, state, pos, T, snap));
     op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is (no norm) */
 }
 
@@ -695,7 +673,7 @@ static void op_destroy(struct backend *be) {
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
                     cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_w, cu->gdn_u, cu->gdn_a, cu->gdn_sz, cu->early_cnt, cu->counters,
-                    cu->snap_pos, cu->argmax_part, cu->n_posts, cu->blas_ws, cu->trace, cu->ktrace};
+                    cu->argmax_part, cu->n_posts, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
     for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_destroy(cu->prof.ev[i]);
@@ -757,6 +735,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     be->max_ctx = max_ctx;
     be->max_T = max_T;
     be->async = 1;
+    be->snap_align = cuda_gdn_chunk();
     be->impl = cu;
     gpu_get_info(&cu->info);
     gpu_stream_create(&cu->stream);
@@ -831,7 +810,6 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_sz = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
     cu->early_cnt = (int *)dev_alloc(cu, 2 * CUDA_EARLY_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
-    cu->snap_pos = (int32_t *)dev_alloc(cu, BACKEND_MAX_SNAPS * sizeof(int32_t), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
     cu->n_posts = (unsigned *)dev_alloc(cu, sizeof(unsigned), "argmax posts");
     void *mail_dev = NULL;

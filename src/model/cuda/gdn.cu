@@ -297,6 +297,20 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
     qk[((size_t)t * 2 * Hk + hb) * dk + tid] = y * inv * scale;
 }
 
+/* The rings of the checkpoints inside the call (blockIdx.y: which), from the old ring and the
+ * call's inputs, before gdn_conv_state_kernel moves the ring on: after t tokens, column
+ * (pos + s) & 3 holds the input of s = t - 4 .. t - 1. Bytes: ~8 conv_dim a checkpoint. */
+static __global__ void gdn_conv_snap_kernel(struct backend_snap snap, const uint16_t *conv_state,
+                                            const uint16_t *proj, const int32_t *pos, int conv_dim,
+                                            size_t row) {
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (ch >= conv_dim) return;
+    const int p = *pos, t = snap.t[i];
+    for (int s = t - 4; s < t; s++)
+        snap.conv[i][(size_t)ch * 4 + ((p + s) & 3)] =
+            s >= 0 ? proj[(size_t)s * row + ch] : conv_state[(size_t)ch * 4 + ((p + s) & 3)];
+}
+
 /* The ring after the prompt: the last (up to) 4 raw inputs into their columns. Bytes: ~4 conv_dim. */
 static __global__ void gdn_conv_state_kernel(uint16_t *conv_state, const uint16_t *proj,
                                              const int32_t *pos, int T, int conv_dim, size_t row) {
@@ -431,7 +445,7 @@ template <int DK, int NC>
 static __global__ void __launch_bounds__(GDN_CT, 1)
 gdn_chunk_state_kernel(uint16_t *o_out, float *state, const float *w_in, const float *u_in,
                        const float *a_in, const float *bg, const float *qk, int T, int Hk, int Hv,
-                       int dv) {
+                       int dv, struct backend_snap snap) {
     extern __shared__ float4 cs_sm[];
     constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD;
     constexpr int CG = NC / 4, RGN = GDN_CT / CG, RT = GDN_C / RGN; /* v_new / o tiles */
@@ -599,6 +613,13 @@ gdn_chunk_state_kernel(uint16_t *o_out, float *state, const float *w_in, const f
 #pragma unroll
         for (int e = 0; e < SR; e++)
             *(float2 *)(Ss + (SR * dg + e) * NC + 2 * cp) = make_float2(S[e][0], S[e][1]);
+        for (int i = 0; i < snap.n; i++) /* a checkpoint after this chunk (block-uniform) */
+            if (snap.t[i] == t0 + L) {
+                float *Sn = snap.state[i] + (size_t)v * DK * dv + col0 + 2 * cp;
+#pragma unroll
+                for (int e = 0; e < SR; e++)
+                    *(float2 *)(Sn + (size_t)(SR * dg + e) * dv) = make_float2(S[e][0], S[e][1]);
+            }
     }
 #pragma unroll
     for (int e = 0; e < SR; e++) {
@@ -706,7 +727,8 @@ static int chunk_cols(const struct cuda *cu, const struct config *c) {
 }
 
 template <int DK, int NC>
-static void launch_chunk_state(struct cuda *cu, const struct config *c, float *state, int T) {
+static void launch_chunk_state(struct cuda *cu, const struct config *c, float *state, int T,
+                               const struct backend_snap &snap) {
     const int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
     CHECK(dv % NC == 0);
     const size_t smem = ((size_t)DK * NC + 3 * GDN_C * (DK + GDN_PAD) + GDN_C * (GDN_C + GDN_PAD) +
@@ -716,12 +738,13 @@ static void launch_chunk_state(struct cuda *cu, const struct config *c, float *s
     opted = 1;
     gdn_chunk_state_kernel<DK, NC><<<dim3(Hv, dv / NC), GDN_CT, smem, cu->stream>>>(
         cu->gdn_o, state, cu->gdn_w, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, T,
-        c->linear_num_key_heads, Hv, dv);
+        c->linear_num_key_heads, Hv, dv, snap);
     GPU_LAUNCHED();
 }
 
 template <int DK>
-static void launch_chunked(struct cuda *cu, const struct config *c, float *state, int T) {
+static void launch_chunked(struct cuda *cu, const struct config *c, float *state, int T,
+                           const struct backend_snap &snap) {
     const int Hv = c->linear_num_value_heads;
     CHECK(c->linear_value_head_dim == DK); /* dk == dv (backend_cuda_create) */
     const size_t smem = ((size_t)2 * GDN_C * (DK + GDN_PAD) + GDN_C * (GDN_C + GDN_PAD) + 2 * GDN_C) *
@@ -735,31 +758,43 @@ static void launch_chunked(struct cuda *cu, const struct config *c, float *state
     GPU_LAUNCHED();
     cuda_prof_split(cu, "gdn chunk state pass (prefill)");
     if (chunk_cols<DK>(cu, c) == 32)
-        launch_chunk_state<DK, 32>(cu, c, state, T);
+        launch_chunk_state<DK, 32>(cu, c, state, T, snap);
     else
-        launch_chunk_state<DK, 16>(cu, c, state, T);
+        launch_chunk_state<DK, 16>(cu, c, state, T, snap);
 }
 
 extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out,
                                  const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                                  const float *A_log, const float *dt_bias, const float *norm_w,
-                                 float *state, const int32_t *pos, int T) {
+                                 float *state, const int32_t *pos, int T,
+                                 const struct backend_snap *snap_p) {
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
     int dk = c->linear_key_head_dim, conv_dim = c->conv_dim;
     size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
     CHECK(conv_dim % dk == 0 && dk <= 1024 && c->linear_conv_kernel_dim == 4);
+    struct backend_snap snap = {};
+    if (snap_p) snap = *snap_p;
+    CHECK(snap.n >= 0 && snap.n <= BACKEND_MAX_SNAPS);
+    for (int i = 0; i < snap.n; i++)
+        CHECK(snap.t[i] > (i ? snap.t[i - 1] : 0) && snap.t[i] <= T && (snap.t[i] % GDN_C == 0 || snap.t[i] == T));
     gdn_conv_kernel<<<dim3(conv_dim / dk + 1, T), dk, 0, cu->stream>>>(
         cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj, conv_state, conv_w, A_log, dt_bias, pos, Hk, Hv,
         dk, conv_dim, c->value_dim);
     GPU_LAUNCHED();
+    if (snap.n) {
+        gdn_conv_snap_kernel<<<dim3((conv_dim + 255) / 256, snap.n), 256, 0, cu->stream>>>(
+            snap, conv_state, proj, pos, conv_dim, row);
+        GPU_LAUNCHED();
+        cu->n_launches++;
+    }
     gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, cu->stream>>>(conv_state, proj, pos, T,
                                                                           conv_dim, row);
     GPU_LAUNCHED();
     cuda_prof_split(cu, "gdn chunk prep (prefill)");
     switch (dk) {
-    case 32: launch_chunked<32>(cu, c, state, T); break;
-    case 64: launch_chunked<64>(cu, c, state, T); break;
-    case 128: launch_chunked<128>(cu, c, state, T); break;
+    case 32: launch_chunked<32>(cu, c, state, T, snap); break;
+    case 64: launch_chunked<64>(cu, c, state, T, snap); break;
+    case 128: launch_chunked<128>(cu, c, state, T, snap); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
     cu->n_launches += 4;
@@ -777,3 +812,5 @@ extern "C" void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t 
     GPU_LAUNCHED();
     cu->n_launches++;
 }
+
+extern "C" int cuda_gdn_chunk(void) { return GDN_C; }

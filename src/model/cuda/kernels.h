@@ -132,7 +132,6 @@ struct cuda {
                           blocks done (cuda_gemv_early; both back at zero after each step) */
     const void *early_key[CUDA_EARLY_SLOTS]; /* the layer of each pair: its input projection
                                                 (the weights: every sequence shares them) */
-    int32_t *snap_pos; /* (BACKEND_MAX_SNAPS,) device positions of a prefill call's pieces (op_gdn) */
     int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [8, 9]
                           the GEMV tail (cuda_gemv_job.tail_ctr), [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
@@ -176,7 +175,6 @@ static inline void cuda_prof_split(struct cuda *cu, const char *name) {
 void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table, const int32_t *ids, int T,
                 int H, int V);
 void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int32_t *pos);
-void cuda_pos_add(struct cuda *cu, int32_t *out, const int32_t *pos, int add);
 void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
                   int K, float eps);
 
@@ -222,10 +220,13 @@ void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, floa
 /* out (T, value_dim) = the gated RMSNorm of cu->gdn_o (the step's or the scan's o) with z. */
 void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
                    const float *norm_w, int T);
+/* snap (or NULL): the states after snap->t[i] tokens (multiples of cuda_gdn_chunk() or T), as
+ * the gdn op's (backend.h), written by the chunk pass as it goes. */
 void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
                       uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
                       const float *dt_bias, const float *norm_w, float *state, const int32_t *pos,
-                      int T);
+                      int T, const struct backend_snap *snap);
+int cuda_gdn_chunk(void); /* tokens per chunk of the prefill's delta rule */
 
 #ifdef __cplusplus
 }

@@ -3,9 +3,6 @@
  * cpu_argmax. */
 #include "kernels.h"
 
-/* *out = *pos + add: the device position of a piece of a prefill call. */
-static __global__ void pos_add_kernel(int32_t *out, const int32_t *pos, int add) { *out = *pos + add; }
-
 /* out[t] = table[ids[t]]. Bytes: 2 * T * H read + written; no FLOPs. */
 static __global__ void embed_kernel(uint16_t *out, const uint16_t *table, const int32_t *ids,
                                     int H, int V) {
@@ -149,11 +146,5 @@ extern "C" void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, in
     if (blocks < 1) blocks = 1;
     gpu_launch(cu->pdl, argmax_kernel, dim3(blocks), dim3(256), 0, cu->stream, out, x, n,
                cu->argmax_part, cu->counters + 0, pos, cu->n_posts, cu->mail_dev);
-    cu->n_launches++;
-}
-
-extern "C" void cuda_pos_add(struct cuda *cu, int32_t *out, const int32_t *pos, int add) {
-    pos_add_kernel<<<1, 1, 0, cu->stream>>>(out, pos, add);
-    GPU_LAUNCHED();
     cu->n_launches++;
 }
