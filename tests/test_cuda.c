@@ -98,6 +98,9 @@ static struct config make_config(const char *size) {
         c.linear_num_key_heads = 2, c.linear_num_value_heads = 2;
         c.max_position_embeddings = 32768;
         c.tie_word_embeddings = 1;
+    } else if (!strcmp(size, "27B")) { /* GQA group 6; 3 DeltaNet value heads per key head */
+        c.hidden_size = 5120, c.intermediate_size = 17408, c.num_hidden_layers = 64;
+        c.num_attention_heads = 24, c.num_key_value_heads = 4, c.linear_num_value_heads = 48;
     } else {
         c.hidden_size = 4096, c.intermediate_size = 12288, c.num_hidden_layers = 32;
         c.num_attention_heads = 16, c.num_key_value_heads = 4, c.linear_num_value_heads = 32;
@@ -813,8 +816,8 @@ int main(int argc, char **argv) {
         return TEST_DONE();
     }
     probe->ops->destroy(probe);
-    const char *sizes[] = {"0.8B", "4B", "9B", "demo"};
-    for (int i = 0; i < 4; i++) {
+    const char *sizes[] = {"0.8B", "4B", "9B", "demo", "27B"};
+    for (int i = 0; i < 5; i++) {
         if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;
         check_size(sizes[i]);
         check_prefill(sizes[i], 0);

@@ -41,6 +41,14 @@ SIZES = {
     "9b": dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=12288,
                num_attention_heads=16, num_key_value_heads=4, linear_num_key_heads=16,
                linear_num_value_heads=32, tie=False),
+    # 27b: Qwen3.5-27B (GQA group 6, 3 DeltaNet value heads per key head); 27b-8l: its widths
+    # over 8 layers (both layer types), small enough for an fp32 transformers reference
+    "27b": dict(hidden_size=5120, num_hidden_layers=64, intermediate_size=17408,
+                num_attention_heads=24, num_key_value_heads=4, linear_num_key_heads=16,
+                linear_num_value_heads=48, tie=False),
+    "27b-8l": dict(hidden_size=5120, num_hidden_layers=8, intermediate_size=17408,
+                   num_attention_heads=24, num_key_value_heads=4, linear_num_key_heads=16,
+                   linear_num_value_heads=48, tie=False),
     # tiny: the fixture shape (tests/fixtures/tiny-untied-r2), for checking this tool itself
     "tiny": dict(hidden_size=64, num_hidden_layers=8, intermediate_size=128,
                  num_attention_heads=4, num_key_value_heads=2, linear_num_key_heads=2,
@@ -315,9 +323,32 @@ def write_json(path, obj):
 BLOCK_ELEMS = 1 << 23  # 8M elements per generated block (32 MB of float32)
 
 
-def random_producer(name, shape, init, dtype, seed):
+_TILES = {}
+
+
+def _tile(init, dtype, seed):
+    """2 blocks of seeded values of one init, converted once (the tiled mode's source)."""
+    key = (init, dtype, seed)
+    if key not in _TILES:
+        prod = random_producer("tile:" + init, (2 * BLOCK_ELEMS,), init, dtype, seed)
+        _TILES[key] = np.concatenate(list(prod()))
+    return _TILES[key]
+
+
+def random_producer(name, shape, init, dtype, seed, tiled=False):
     """A producer of the tensor's bytes; each tensor has its own seeded stream (seed, crc(name)),
-    so its values do not depend on the order or the sharding."""
+    so its values do not depend on the order or the sharding. tiled: the tensor is cut from one
+    seeded block per init at an offset of its own (repeating every BLOCK_ELEMS values): the same
+    value distribution at disk speed, for speed runs of the large sizes only."""
+    def produce_tiled():
+        src = _tile(init, dtype, seed)
+        n = int(np.prod(shape))
+        off = zlib.crc32(name.encode()) % BLOCK_ELEMS
+        while n > 0:
+            m = min(n, BLOCK_ELEMS)
+            yield src[off:off + m]
+            n -= m
+
     def produce():
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         rows = shape[0]
@@ -339,17 +370,18 @@ def random_producer(name, shape, init, dtype, seed):
                 raise ValueError(f"unknown init {init} for {name}")
             x = x.astype(np.float32, copy=False)
             yield f32_to_bf16_bits(x) if dtype == "BF16" else x
-    return produce
+    return produce_tiled if tiled else produce
 
 
-def make_random_checkpoint(out_dir, size, seed=0, shard_gb=1.0, n_shards=None, log=print):
+def make_random_checkpoint(out_dir, size, seed=0, shard_gb=1.0, n_shards=None, log=print,
+                           tiled=False):
     spec = dict(SIZES[size])
     tcfg = text_config(**spec)
     plan = text_tensor_plan(tcfg) + skipped_tensor_plan(tcfg)
     entries = []
     for name, shape, init in plan:
         dt = checkpoint_dtype(name)
-        entries.append((name, dt, shape, random_producer(name, shape, init, dt, seed)))
+        entries.append((name, dt, shape, random_producer(name, shape, init, dt, seed, tiled)))
     os.makedirs(out_dir, exist_ok=True)
     write_json(os.path.join(out_dir, "config.json"), published_config(tcfg))
     gen = {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044,
@@ -374,9 +406,11 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=1.0, help="cut shards at this size")
     ap.add_argument("--shards", type=int, default=None, help="exactly this many shards instead")
+    ap.add_argument("--tiled", action="store_true",
+                    help="cut every tensor from one seeded block per init (speed runs of 27b)")
     a = ap.parse_args()
     t0 = time.time()
-    make_random_checkpoint(a.out, a.size, a.seed, a.shard_gb, a.shards)
+    make_random_checkpoint(a.out, a.size, a.seed, a.shard_gb, a.shards, tiled=a.tiled)
     print(f"done in {time.time() - t0:.1f} s")
 
 

@@ -370,8 +370,10 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
      * V update. The max moves lazily: only when a score passes it by DEC_TH (weights stay below
      * 2^DEC_TH, far from fp32 overflow), so acc is rarely rescaled; the result is the same
      * softmax up to fp32 rounding. */
-    constexpr int NV = DEC_U * G, REP = WARP_SIZE / NV;
-    const int vu = lane / REP / G; /* this lane holds key vu, head (lane / REP) % G after the sum */
+    constexpr int GP = pow2_ceil(G); /* the scatter's head slots (6 -> 8: the extra ones sum 0) */
+    constexpr int NV = DEC_U * GP, REP = WARP_SIZE / NV;
+    static_assert(NV <= WARP_SIZE, "DEC_U * GP keys x heads per warp");
+    const int vu = lane / REP / GP; /* this lane holds key vu, head (lane / REP) % GP after the sum */
     float q[G][8], acc[G][8];
     const float qscale = scale * LOG2E_F;
 #pragma unroll
@@ -392,11 +394,14 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
             float kf[8];
             unpack8(kk[u], kf);
 #pragma unroll
-            for (int gi = 0; gi < G; gi++) {
-                float d = q[gi][0] * kf[0];
+            for (int gi = 0; gi < GP; gi++) {
+                float d = 0.0f;
+                if (gi < G) {
+                    d = q[gi][0] * kf[0];
 #pragma unroll
-                for (int e = 1; e < 8; e++) d = fmaf(q[gi][e], kf[e], d);
-                sc[u * G + gi] = d;
+                    for (int e = 1; e < 8; e++) d = fmaf(q[gi][e], kf[e], d);
+                }
+                sc[u * GP + gi] = d;
             }
         }
         const int jn = j + DEC_U;
@@ -409,7 +414,7 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
         if (j + vu >= b) s = -INFINITY; /* past the warp's keys */
         float mx = s; /* the group's max for head vg: over the lanes of the other keys */
 #pragma unroll
-        for (int o = WARP_SIZE / 2; o >= REP * G; o /= 2) mx = fmaxf(mx, shfl_xor(mx, o));
+        for (int o = WARP_SIZE / 2; o >= REP * GP; o /= 2) mx = fmaxf(mx, shfl_xor(mx, o));
         if (warp_any(mx > mh + DEC_TH)) { /* key j exists: mx is finite */
             const float mn = fmaxf(mh, mx), corr = exp2f(mh - mn); /* 0 the first time */
             lh *= corr;
@@ -429,7 +434,7 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
             unpack8(vv[u], vf);
 #pragma unroll
             for (int gi = 0; gi < G; gi++) {
-                const float wu = shfl_from(w, (u * G + gi) * REP);
+                const float wu = shfl_from(w, (u * GP + gi) * REP);
 #pragma unroll
                 for (int e = 0; e < 8; e++) acc[gi][e] = fmaf(wu, vf[e], acc[gi][e]);
             }
@@ -441,7 +446,7 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
         }
     }
 #pragma unroll
-    for (int o = WARP_SIZE / 2; o >= REP * G; o /= 2) lh += shfl_xor(lh, o); /* over the keys */
+    for (int o = WARP_SIZE / 2; o >= REP * GP; o /= 2) lh += shfl_xor(lh, o); /* over the keys */
 
     /* the block's 8 warps -> one partial per query head (or, when this block holds every key,
      * the output: the merge of one partial is that partial) */
@@ -1023,9 +1028,13 @@ extern "C" void cuda_attn_decode(struct cuda *cu, const struct config *c, int ma
     switch (c->num_attention_heads / c->num_key_value_heads) {
     case 1: launch_decode<1>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
     case 2: launch_decode<2>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
+    case 3: launch_decode<3>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
     case 4: launch_decode<4>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
+    case 5: launch_decode<5>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
+    case 6: launch_decode<6>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
+    case 7: launch_decode<7>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
     case 8: launch_decode<8>(cu, c, max_ctx, out, qkv, kc, vc, pos); break;
-    default: CHECK(!"unsupported GQA group size");
+    default: CHECK(!"GQA group size (query heads / KV heads) above 8");
     }
     cu->attn_q_norm = cu->attn_k_norm = NULL;
     cu->attn_cnt = NULL;
@@ -1080,8 +1089,12 @@ extern "C" void cuda_attn_prefill(struct cuda *cu, const struct config *c, int m
     switch (G) {
     case 1: launch_prefill<1>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
     case 2: launch_prefill<2>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
+    case 3: launch_prefill<3>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
     case 4: launch_prefill<4>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
+    case 5: launch_prefill<5>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
+    case 6: launch_prefill<6>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
+    case 7: launch_prefill<7>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
     case 8: launch_prefill<8>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); break;
-    default: CHECK(!"unsupported GQA group size");
+    default: CHECK(!"GQA group size (query heads / KV heads) above 8");
     }
 }

@@ -253,6 +253,9 @@ static __device__ __forceinline__ int shfl_from(int v, int src) {
 }
 /* whether c holds in any lane of the warp */
 static __device__ __forceinline__ bool warp_any(bool c) { return __any_sync(FULL_MASK, c); }
+/* the smallest power of two >= n (n >= 1): compile-time layouts padded to one */
+static constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
+
 /* Sums each of the NV values (NV a power of two <= WARP_SIZE) over the warp, a reduce-scatter:
  * returns in lane L the sum of value L / (WARP_SIZE / NV) (each sum in WARP_SIZE / NV lanes).
  * NV - 1 + log2(WARP_SIZE / NV) shuffles where NV warp_sums take NV log2(WARP_SIZE). */
