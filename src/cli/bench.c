@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "engine/engine.h"
@@ -168,6 +169,19 @@ int cmd_bench(int argc, char **argv) {
             }
             double ms = median(v, reps);
             printf("prefill %d at %d %s: %.2f ms (%.0f tok/s)\n", N, P, dir, ms, N / ms * 1e3);
+            /* the same after the device sat idle for 200 ms, as a server's request finds it
+             * between a client's turns */
+            double vi[32];
+            for (int r = 0; r < reps; r++) {
+                if (P > 0 && time_prefill(m, P, 1, &err) < 0) break;
+                if (P == 0) model_reset(m);
+                be->ops->sync(be);
+                usleep(200 * 1000);
+                double t = time_prefill(m, N, 0, &err), t0 = now_ms();
+                model_argmax(m);
+                vi[r] = t + (now_ms() - t0);
+            }
+            printf("  after 200 ms idle: %.2f ms\n", median(vi, reps));
             /* what the prefix cache adds: the same prefill with a checkpoint taken inside it,
              * at the backend's last snapshot point 5 or more tokens before its end (the start of
              * an assistant turn); a checkpoint restored and a sequence forked at P (the KV rows
