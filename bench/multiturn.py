@@ -138,7 +138,9 @@ class Server:
             cached = timings["cache_n"]
         return {"ttft_ms": (ttft or 0) * 1e3, "content": content, "reasoning": reasoning,
                 "prompt_tokens": (usage or {}).get("prompt_tokens"), "cached": cached,
-                "server_prompt_ms": (timings or {}).get("prompt_ms")}
+                "server_prompt_ms": (timings or {}).get("prompt_ms"),
+                "split": "/".join(f"{(timings or {})[k]:.1f}" for k in ("prompt_prepare_ms", "prompt_feed_ms")
+                                  if k in (timings or {}))}
 
 
 def common(a, b):
@@ -189,11 +191,13 @@ def main():
                else "    -")
         print(f"| {case:<28} | {r['prompt_tokens'] or '-':>6} | {r['cached'] if r['cached'] is not None else '-':>6} "
               f"| {reusable if reusable is not None else '-':>8} | {pct} | {r['ttft_ms']:8.2f} | "
-              f"{r['server_prompt_ms'] if r['server_prompt_ms'] is not None else '-':>8} |", flush=True)
+              f"{r['server_prompt_ms'] if r['server_prompt_ms'] is not None else '-':>8} | {r['split'] or '-'} |",
+              flush=True)
         return r
 
-    print("| request | prompt | cached | reusable | cached / reusable | TTFT ms | server prompt_ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| request | prompt | cached | reusable | cached / reusable | TTFT ms | server prompt_ms | "
+          "its prepare / feed ms (strata) |")
+    print("|---|---|---|---|---|---|---|---|")
     tl = tools(rng)
     system = {"role": "system", "content": "You are a coding agent working in a repository.\n" +
               text(rng, a.system_words)}

@@ -11,6 +11,7 @@
 #   bash bench/multiturn.sh stage                                  # here
 #   run(carry=[".carry/server"]): bash bench/multiturn.sh run      # on the GPU machine
 #   run(carry=[".carry/server/debs", ".carry/tc"]): bash bench/multiturn.sh testcache
+#   run(carry=[".carry/server"]): bash bench/multiturn.sh sampling  # greedy vs sampled over HTTP
 # (the tree and both binaries with the debs pass the 64 MiB a call carries)
 # Output: $OUT/multiturn.md, $OUT/multiturn.json. Env: SIZE (4b), CTX (32768), MAXTOK (48).
 set -uo pipefail
@@ -52,6 +53,54 @@ run)
         --pp-at "$pairs" 2>/dev/null | tee -a "$OUT/multiturn.md"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     ;;
+sampling) # issue 27's table: decode tok/s over HTTP, greedy against sampled (carry .carry/server)
+    OUT=${OUT:-/tmp/strata-gpu-out}
+    mkdir -p "$OUT"
+    source bench/server-debs.sh unpack /tmp/mt-root
+    SIZE=${SIZE:-4b}
+    M=/dev/shm/strata-models/$SIZE
+    [ -f "$M/config.json" ] || python3 tools/compare_transformers.py random --size "$SIZE" --out "$M" 2>&1 | tail -1
+    port=18081
+    .carry/server/strata serve --model "$M" --tokenizer-dir demo --backend cuda --ctx 8192 --port $port \
+        >"$OUT/serve-sampling.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
+    python3 - "$port" <<'PY' | tee "$OUT/sampling.md"
+import json, sys, urllib.request
+port = sys.argv[1]
+cases = [("greedy", {"temperature": 0}),
+         ("T 0.7, top_p 0.8, top_k 20, presence 1.5 (Qwen's)",
+          {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "presence_penalty": 1.5}),
+         ("T 1.0, top_k 0 (no filter)", {"temperature": 1.0, "top_k": 0, "top_p": 1.0}),
+         ("T 1.0, top_p 0.95, top_k 0 (host sampler)", {"temperature": 1.0, "top_k": 0, "top_p": 0.95})]
+import time
+def ttft():  # wall time to the first streamed chunk of a 54-token-ish chat request
+    body = {"messages": [{"role": "user", "content": "Write a short story about a fox. " * 4}],
+            "max_tokens": 2, "stream": True, "temperature": 0}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.time()
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for line in r:
+            if line.startswith(b"data: {"):
+                return (time.time() - t0) * 1e3
+first = ttft()
+later = sorted(ttft() for _ in range(5))[2]
+print(f"TTFT over HTTP (streaming): first request after start-up {first:.1f} ms, later ones (median of 5) {later:.1f} ms\n")
+print("| request (300 tokens, /v1/completions, 3 runs) | server decode tok/s |\n|---|---|")
+for name, fields in cases:
+    tps = []
+    for r in range(3):
+        body = {"prompt": "The quick brown fox", "max_tokens": 300, "ignore_eos": True, "seed": r + 1}
+        body.update(fields)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        res = json.load(urllib.request.urlopen(req, timeout=120))
+        tps.append(res["timings"]["predicted_per_second"])
+    print(f"| {name} | {' / '.join(f'{t:.1f}' for t in tps)} |")
+PY
+    kill $pid; wait $pid
+    ;;
 testcache) # tests/test_cache.c on the CUDA backend: carry .carry/server/debs and .carry/tc
     OUT=${OUT:-/tmp/strata-gpu-out}
     mkdir -p "$OUT"
@@ -60,7 +109,7 @@ testcache) # tests/test_cache.c on the CUDA backend: carry .carry/server/debs an
     STRATA_TEST_BACKEND=cuda timeout 120 .carry/tc/test_cache 2>&1 | tail -12 | tee "$OUT/test_cache.txt"
     ;;
 *)
-    echo "usage: bash bench/multiturn.sh stage|run|testcache" >&2
+    echo "usage: bash bench/multiturn.sh stage|run|testcache|sampling" >&2
     exit 2
     ;;
 esac

@@ -807,6 +807,72 @@ static void check_long(const char *size) {
     p.cpu->ops->destroy(p.cpu);
 }
 
+/* The sample op, CUDA against the CPU (its specification) at the real vocabulary: the same
+ * logits, parameters and positions draw the same tokens (only expf / logf rounding differs, which
+ * moves a draw only when it lands within ~1e-7 of a boundary), and both count their choices;
+ * the decode step's form (pos on the device, the choice posted) too. */
+static void check_sample(void) {
+    struct config c = make_config("4B");
+    struct error err = {{0}};
+    struct backend *bes[2] = {backend_cpu_create(&c, 64, 1, 0), backend_cuda_create(&c, 64, 1, &err)};
+    CHECK(bes[1]);
+    const int V = c.vocab_size, N = 200;
+    uint16_t *x = rand_bf16((size_t)V, 3.0f);
+    float *bias = calloc((size_t)V, sizeof *bias);
+    int32_t *count0 = calloc((size_t)V, sizeof *count0);
+    uint8_t *inp = calloc((size_t)V, 1);
+    for (int i = 0; i < 500; i++) count0[(i * 7919) % V] += 1 + i % 3, inp[(i * 104729) % V] = 1;
+    bias[11] = 5.0f, bias[12345] = -1e9f, bias[248000] = 4.0f;
+    const struct backend_sampling cases[] = {
+        {0.7f, 0.8f, 0.0f, 1.5f, 0.0f, 1.0f, 20, BACKEND_SAMPLE_PENALTIES, 1}, /* Qwen's */
+        {1.0f, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 64, 0, 2},
+        {0.6f, 0.95f, 0.05f, 0.0f, 0.3f, 1.2f, 40, BACKEND_SAMPLE_PENALTIES | BACKEND_SAMPLE_BIAS, 3},
+        {1.0f, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0, 0, 4},                        /* Gumbel */
+        {0.8f, 1.0f, 0.0f, 0.5f, 0.0f, 1.0f, 0, BACKEND_SAMPLE_PENALTIES | BACKEND_SAMPLE_BIAS, 5},
+        {1.0f, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 1, 0, 6},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        int32_t ids[2][200], *cnt[2];
+        for (int b = 0; b < 2; b++) {
+            struct backend *be = bes[b];
+            struct backend_sample_state st = {(struct backend_sampling *)up(be, &cases[k], sizeof cases[k]),
+                                              (float *)up(be, bias, (size_t)V * 4),
+                                              (int32_t *)up(be, count0, (size_t)V * 4),
+                                              (uint8_t *)up(be, inp, (size_t)V)};
+            void *dx = up(be, x, (size_t)V * 2);
+            int32_t *dout = (int32_t *)be->ops->alloc(be, 4 * N), *dpos = (int32_t *)up(be, &(int32_t){99}, 4);
+            for (int d = 0; d < N; d++) /* half as a decode step's form, from position 100 on */
+                be->ops->sample(be, dout + d, (const uint16_t *)dx, V, &st, d % 2 ? dpos : NULL, 100 + d);
+            int32_t *o = (int32_t *)down(be, dout, 4 * N);
+            memcpy(ids[b], o, 4 * N);
+            free(o);
+            cnt[b] = (int32_t *)down(be, st.count, (size_t)V * 4);
+            int32_t *pend = (int32_t *)down(be, dpos, 4);
+            EXPECT(*pend == 99 + N / 2, "sample case %zu: pos advanced to %d", k, *pend);
+            free(pend);
+            void *bufs[] = {st.params, st.bias, st.count, st.in_prompt, dx, dout, dpos};
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
+        }
+        /* the step form draws at *pos + 1: 99 + (d + 1) / 2 + 1 for odd d, not 100 + d: the
+         * positions differ from the host form's, the same on both backends */
+        int agree = 0, cnt_ok = 1, distinct = 0;
+        for (int d = 0; d < N; d++) {
+            agree += ids[0][d] == ids[1][d];
+            distinct += d > 0 && ids[1][d] != ids[1][0];
+        }
+        for (int i = 0; i < V; i++) cnt_ok &= cnt[0][i] == cnt[1][i] || agree < N;
+        EXPECT(agree >= N - 2, "sample case %zu: CUDA and CPU drew the same token %d of %d times", k, agree, N);
+        EXPECT(cnt_ok, "sample case %zu: counts differ", k);
+        EXPECT(cases[k].top_k == 1 || distinct > 5, "sample case %zu: %d distinct draws", k, distinct);
+        printf("  sample case %zu (top_k %d, top_p %.2f, min_p %.2f, T %.1f, flags %d): %d / %d draws agree\n", k,
+               cases[k].top_k, cases[k].top_p, cases[k].min_p, cases[k].temperature, cases[k].flags, agree, N);
+        free(cnt[0]), free(cnt[1]);
+    }
+    free(x), free(bias), free(count0), free(inp);
+    bes[1]->ops->destroy(bes[1]);
+    bes[0]->ops->destroy(bes[0]);
+}
+
 int main(int argc, char **argv) {
     struct config c = make_config("0.8B");
     struct error err = {{0}};
@@ -816,6 +882,7 @@ int main(int argc, char **argv) {
         return TEST_DONE();
     }
     probe->ops->destroy(probe);
+    if (argc <= 1 || !strcmp(argv[1], "sample")) check_sample();
     const char *sizes[] = {"0.8B", "4B", "9B", "demo", "27B"};
     for (int i = 0; i < 5; i++) {
         if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;

@@ -639,21 +639,24 @@ static const char *finish_reason(const struct job *j, int n_tool_calls, int trun
 static void timings_append(struct strbuf *b, const struct engine_timings *t) {
     strbuf_printf(b, "\"timings\":{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.3f,"
                    "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
-                   "\"predicted_per_token_ms\":%.3f,\"predicted_per_second\":%.3f}",
+                   "\"predicted_per_token_ms\":%.3f,\"predicted_per_second\":%.3f,"
+                   "\"prompt_prepare_ms\":%.3f,\"prompt_feed_ms\":%.3f}",
                 t->cache_n, t->prompt_n, t->prompt_ms, t->prompt_n ? t->prompt_ms / t->prompt_n : 0,
                 t->prompt_per_second, t->predicted_n, t->predicted_ms,
-                t->predicted_n ? t->predicted_ms / t->predicted_n : 0, t->predicted_per_second);
+                t->predicted_n ? t->predicted_ms / t->predicted_n : 0, t->predicted_per_second,
+                t->prepare_ms, t->feed_ms);
 }
 
 static json_t *timings_json(const struct engine_timings *t) {
-    return json_pack("{s:i,s:i,s:f,s:f,s:f,s:i,s:f,s:f,s:f}", "cache_n", t->cache_n, "prompt_n",
+    return json_pack("{s:i,s:i,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f}", "cache_n", t->cache_n, "prompt_n",
                      t->prompt_n, "prompt_ms",
                      t->prompt_ms, "prompt_per_token_ms",
                      t->prompt_n ? t->prompt_ms / t->prompt_n : 0.0, "prompt_per_second",
                      t->prompt_per_second, "predicted_n", t->predicted_n, "predicted_ms",
                      t->predicted_ms, "predicted_per_token_ms",
                      t->predicted_n ? t->predicted_ms / t->predicted_n : 0.0,
-                     "predicted_per_second", t->predicted_per_second);
+                     "predicted_per_second", t->predicted_per_second, "prompt_prepare_ms",
+                     t->prepare_ms, "prompt_feed_ms", t->feed_ms);
 }
 
 void api_job_run(struct job *j, struct engine *eng) {

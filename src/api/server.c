@@ -853,6 +853,19 @@ struct server *server_start(const struct server_options *o, struct error *err) {
     s->model = model_load(dir, &s->opt.model, err);
     if (!s->model) goto fail;
     s->engine = engine_create(s->model, s->tok);
+    engine_warmup(s->engine);
+    { /* the host's first-use costs too: a render of the template and an encode */
+        json_t *rq = json_pack("{s:[{s:s,s:s}]}", "messages", "role", "user", "content", "Hello");
+        char *text = NULL;
+        struct error werr = {{0}};
+        int32_t *ids = NULL;
+        int n = 0;
+        if (rq && chat_render(&s->tmpl, rq, &text, &werr) == 0 && text)
+            (void)tokenizer_encode(s->tok, text, strlen(text), &ids, &n, &werr);
+        free(ids);
+        free(text);
+        json_decref(rq);
+    }
     engine_set_prefix_reuse(s->engine, !s->opt.no_prefix_reuse);
     if (!s->opt.no_prefix_reuse) {
         engine_set_cache(s->engine, s->opt.cache_bytes);

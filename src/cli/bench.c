@@ -76,6 +76,19 @@ static double time_steps(struct model *m, int n) {
     return now_ms() - t0;
 }
 
+/* n sampled steps (Qwen's settings: T 0.7, top_p 0.8, top_k 20, presence 1.5; the draw on the
+ * backend), as time_steps */
+static double time_steps_sampled(struct model *m, int n) {
+    const struct model_sampling ms = {0.7f, 0.8f, 0.0f, 1.5f, 0.0f, 1.0f, 20, 1, NULL, NULL, 0};
+    if (!model_sample_begin(m, &ms, NULL, 0)) return -1;
+    model_sample(m);
+    double t0 = now_ms();
+    for (int i = 0; i < n; i++)
+        if (model_step_sample(m) < 0) return -1;
+    model_sample(m);
+    return now_ms() - t0;
+}
+
 /* An option's integer value in [lo, hi]: 0, or -1 with a message naming the option. */
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
@@ -301,6 +314,28 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     double ttft_ms = median(v, reps);
+    /* engine decode of 128 tokens, greedy and sampled with Qwen's settings (T 0.7, top_p 0.8,
+     * top_k 20, presence 1.5): issue 27's ratio, the engine's own tok/s */
+    double eng_tg[2];
+    for (int smp = 0; smp < 2; smp++) {
+        for (int r = 0; r < 3; r++) {
+            struct engine_request rq;
+            memset(&rq, 0, sizeof rq);
+            rq.prompt = prompt;
+            rq.n_prompt = 54;
+            rq.max_tokens = 129;
+            sampler_params_default(&rq.sampling);
+            rq.sampling.temperature = smp ? 0.7f : 0.0f;
+            rq.sampling.top_p = smp ? 0.8f : 1.0f;
+            rq.sampling.top_k = smp ? 20 : 0;
+            rq.sampling.presence_penalty = smp ? 1.5f : 0.0f;
+            rq.sampling.seed = 1 + r;
+            rq.ignore_eos = 1;
+            struct engine_result res;
+            v[r] = engine_generate(e, &rq, &res, &err) == 0 ? res.timings.predicted_per_second : -1;
+        }
+        eng_tg[smp] = median(v, 3);
+    }
     engine_free(e);
 
     /* tg128 from a 1-token prompt */
@@ -309,6 +344,11 @@ int cmd_bench(int argc, char **argv) {
         v[r] = time_steps(m, 128);
     }
     double tg_ms = median(v, reps < 3 ? reps : 3);
+    for (int r = 0; r < reps && r < 3; r++) {
+        time_prefill(m, 1, 1, &err);
+        v[r] = time_steps_sampled(m, 128);
+    }
+    double tgs_ms = median(v, reps < 3 ? reps : 3);
 
     /* 50-token windows to 350 */
     double win[7];
@@ -325,6 +365,11 @@ int cmd_bench(int argc, char **argv) {
         FILE *f = open_memstream(&breakdown, &breakdown_len);
         backend_cuda_profile(be, 1);
         time_steps(m, 3);
+        backend_cuda_profile_report(be, f, 3);
+        backend_cuda_profile(be, 0);
+        fprintf(f, "\nthe same, a sampled step (T 0.7, top_p 0.8, top_k 20, presence 1.5):\n\n");
+        backend_cuda_profile(be, 1);
+        time_steps_sampled(m, 3);
         backend_cuda_profile_report(be, f, 3);
         backend_cuda_profile(be, 0);
         fclose(f);
@@ -359,7 +404,12 @@ int cmd_bench(int argc, char **argv) {
     printf("\n| measure | value |\n|---|---|\n");
     printf("| pp%d prefill | %.0f tok/s (%.2f ms) |\n", pp, pp / pp_ms * 1000, pp_ms);
     printf("| tg128 decode | %.1f tok/s (%.3f ms/token) |\n", tg, tg_ms / 128);
+    if (tgs_ms > 0)
+        printf("| tg128 sampled (T 0.7, top_p 0.8, top_k 20, presence 1.5) | %.1f tok/s (%.3f ms/token, %.1f%% of tg128) |\n",
+               128 / tgs_ms * 1000, tgs_ms / 128, 100 * tg_ms / tgs_ms);
     printf("| engine TTFT, 54-token prompt | %.2f ms |\n", ttft_ms);
+    printf("| engine decode, 128 tokens: greedy / sampled (T 0.7, top_p 0.8, top_k 20, presence 1.5) "
+           "| %.1f / %.1f tok/s (%.1f%%) |\n", eng_tg[0], eng_tg[1], eng_tg[0] > 0 ? 100 * eng_tg[1] / eng_tg[0] : 0.0);
     for (int w = 0; w < 7; w++)
         printf("| decode tokens %d-%d | %.1f tok/s |\n", 1 + 50 * w, 50 * (w + 1), 50 / win[w] * 1000);
     if (at512 > 0) printf("| decode at 512 context | %.1f tok/s |\n", at512);

@@ -97,6 +97,35 @@ void engine_cache_stats(const struct engine *e, struct cache_stats *out) {
 }
 void engine_set_run_ahead(struct engine *e, int on) { e->run_ahead = on; }
 
+void engine_warmup(struct engine *e) {
+    if (!model_async(e->m)) return; /* nothing loads lazily on the CPU */
+    /* prompt lengths across the GEMM libraries' shape buckets (each loads its kernels on first
+     * use), greedy, and the sampled step's graph once */
+    static const int lens[] = {1, 9, 17, 33, 54, 64, 100, 128, 200, 256, 512, 1024, 2048};
+    const int ctx = model_ctx(e->m);
+    int32_t *ids = xmalloc(2048 * sizeof *ids);
+    for (int i = 0; i < 2048; i++) ids[i] = (int32_t)((100 + 7919LL * i) % e->vocab_size);
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        if (lens[k] + 8 > ctx) continue;
+        for (int smp = 0; smp < (lens[k] == 64 ? 2 : 1); smp++) {
+            struct engine_request rq;
+            memset(&rq, 0, sizeof rq);
+            rq.prompt = ids;
+            rq.n_prompt = lens[k];
+            rq.max_tokens = 3;
+            rq.ignore_eos = 1;
+            sampler_params_default(&rq.sampling);
+            rq.sampling.temperature = smp ? 0.7f : 0.0f;
+            rq.sampling.top_k = smp ? 20 : 0;
+            struct engine_result res;
+            struct error err = {{0}};
+            (void)engine_generate(e, &rq, &res, &err);
+        }
+    }
+    free(ids);
+    cache_clear(e->cache); /* the warm-up leaves nothing behind */
+}
+
 void engine_sampling_defaults(const struct model *m, struct sampler_params *sp) {
     sampler_params_default(sp);
     const struct gen_defaults *g = model_gen_defaults(m);
@@ -217,14 +246,27 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
 
     if (!e->prefix_reuse) cache_clear(e->cache);
     const int reuse = cache_prepare(e->cache, r->prompt, r->n_prompt);
+    const double t_prep = now_ms();
     const int fr = cache_feed_prompt(e->cache, r->prompt, r->n_prompt, reuse, cancel_cb,
                                      (void *)r, err);
+    const double t_fed = now_ms();
     if (fr != 0) {
         sampler_free(smp);
         if (fr < 0) return -1;
         res->finish = ENGINE_FINISH_CANCELLED; /* between pieces of the prompt */
         res->timings.cache_n = reuse;
         return 0;
+    }
+
+    /* the draw on the backend when it takes these parameters (model_sample_begin) */
+    int dev_sample = 0;
+    if (!greedy_plain) {
+        const struct sampler_params *sp = &r->sampling;
+        const struct model_sampling ms = {sp->temperature, sp->top_p, sp->min_p,
+                                          sp->presence_penalty, sp->frequency_penalty,
+                                          sp->repetition_penalty, sp->top_k, sp->seed,
+                                          sp->bias_ids, sp->bias_values, sp->n_bias};
+        dev_sample = model_sample_begin(e->m, &ms, r->prompt, r->n_prompt);
     }
 
     double t1 = 0;
@@ -249,6 +291,13 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             fed = 1;
         } else if (greedy_plain) {
             id = model_argmax(e->m);
+        } else if (dev_sample && e->run_ahead && n_gen > 0 && !last) {
+            id = model_step_sample(e->m); /* as model_step_greedy, the draw on the device */
+            CHECK(id >= 0);
+            cache_push(e->cache, id);
+            fed = 1;
+        } else if (dev_sample) {
+            id = model_sample(e->m);
         } else {
             model_logits(e->m, e->logits);
             id = sampler_sample(smp, e->logits);
@@ -318,6 +367,8 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
     tm->prompt_n = r->n_prompt - reuse;
     tm->cache_n = reuse;
     tm->prompt_ms = t1 - t0;
+    tm->prepare_ms = t_prep - t0;
+    tm->feed_ms = t_fed - t_prep;
     tm->prompt_per_second = tm->prompt_ms > 0 ? 1e3 * tm->prompt_n / tm->prompt_ms : 0;
     tm->predicted_n = n_gen;
     tm->predicted_ms = t2 - t1;

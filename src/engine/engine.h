@@ -60,6 +60,8 @@ struct engine_timings {
     int prompt_n;                /* prompt tokens processed (the reused prefix excluded) */
     int cache_n;                 /* prompt tokens resumed from the prefix cache */
     double prompt_ms;            /* prefill + choosing the first token */
+    double prepare_ms, feed_ms;  /* its parts on the host: the cache's choice and restore, and
+                                    queueing the prefill (a device runs it meanwhile) */
     double prompt_per_second;
     int predicted_n;             /* tokens generated (the first and any EOS included) */
     double predicted_ms;         /* from the first token to the end */
@@ -94,6 +96,10 @@ void engine_set_prefix_reuse(struct engine *e, int on);
  * device memory free after the model), allocated now. engine_create starts with the model's one
  * sequence and four checkpoints (the CLI's use). */
 void engine_set_cache(struct engine *e, size_t budget_bytes);
+/* On a device backend, runs a few short requests (prompts of 1 to 2,048 tokens, greedy and
+ * sampled steps) so that the first client's request does not pay for loading kernels and
+ * recording graphs; leaves the model and the cache empty. Nothing on the CPU. */
+void engine_warmup(struct engine *e);
 struct cache_stats;
 void engine_cache_stats(const struct engine *e, struct cache_stats *out);
 /* Run ahead (default: on where model_async, the GPU): each token's feeding step is queued

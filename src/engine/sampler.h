@@ -5,8 +5,10 @@
  * output, as HF and vLLM), presence/frequency penalties (over output only, as OpenAI/vLLM),
  * then temperature, top_k, top_p, min_p, then one draw from the renormalised distribution.
  * Temperature 0 is greedy; sampler_is_greedy_plain() tells the engine when it may skip the
- * logits download and use model_argmax on the backend instead. Not thread-safe: one sampler per
- * request. */
+ * logits download and use model_argmax on the backend instead. When the backend draws (the
+ * engine's model_sample_begin: top_k up to BACKEND_SAMPLE_KMAX, or no filter), this sampler is
+ * the statistical reference its draws are tested against (tests/test_sample.c) and keeps the
+ * counts; its own draws serve the other parameters. Not thread-safe: one sampler per request. */
 #ifndef STRATA_SAMPLER_H
 #define STRATA_SAMPLER_H
 

@@ -36,6 +36,50 @@ struct backend_snap {
 
 #define BACKEND_POSTS 16 /* argmax choices posted to the host that a backend keeps */
 
+/* Sampling on the backend (the sample op). The state lives in backend memory, written by the
+ * host before a request (model_sample_begin): these parameters, and per token of the vocabulary
+ * a logit bias, the count of the token in the output and whether it is in the prompt. Each
+ * token's logit l (bf16 -> fp32) becomes l + bias (flag BIAS), then the repetition penalty
+ * (prompt or output: l > 0 ? l / r : l * r) and presence + frequency * count (output: flag
+ * PENALTIES), all as sampler.c does. Then:
+ *   top_k in 1..BACKEND_SAMPLE_KMAX: the k best by l (ties: lower id), p_i = exp((l_i - l_0) / T),
+ *     top_p over their mass (the smallest prefix reaching top_p of it), min_p (p_i >= min_p),
+ *     one draw r = u * sum(kept p) walked in that order, u = backend_sample_u(seed, pos, V);
+ *   top_k 0 (no filter: top_p 1 and min_p 0): the Gumbel-max draw, argmax of l / T - log(-log
+ *     u_i), u_i = backend_sample_u(seed, pos, i): exactly one draw from softmax(l / T).
+ * pos is the position of the token chosen (the same seed and logits give the same token on
+ * replay). Other filter combinations stay with the host sampler. */
+#define BACKEND_SAMPLE_KMAX 64
+#define BACKEND_SAMPLE_VMAX 262144 /* 64 blocks of 4096 tokens on CUDA */
+enum { BACKEND_SAMPLE_BIAS = 1, BACKEND_SAMPLE_PENALTIES = 2 };
+struct backend_sampling {
+    float temperature; /* > 0 */
+    float top_p, min_p;
+    float presence, frequency, repetition;
+    int32_t top_k;     /* 0 or 1..BACKEND_SAMPLE_KMAX */
+    int32_t flags;     /* BACKEND_SAMPLE_* */
+    uint64_t seed;
+};
+struct backend_sample_state {  /* backend memory */
+    struct backend_sampling *params;
+    float *bias;                /* (V,) added to the logits (flag BIAS) */
+    int32_t *count;             /* (V,) occurrences in the output: the op adds its choice */
+    uint8_t *in_prompt;         /* (V,) 1 for the prompt's tokens (repetition penalty) */
+};
+
+/* A uniform in (0, 1) from 24 bits of a hash of (seed, pos, i): the sample op's randomness,
+ * the same on every backend (cuda/sample.cu holds a copy for the device). */
+static inline uint64_t backend_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline float backend_sample_u(uint64_t seed, int pos, int i) {
+    const uint64_t h = backend_mix64(seed ^ backend_mix64(((uint64_t)(uint32_t)pos << 32 | (uint32_t)i) +
+                                                          0x9e3779b97f4a7c15ull));
+    return ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
 struct backend_ops {
     const char *name;
     void (*destroy)(struct backend *be);
@@ -122,6 +166,11 @@ struct backend_ops {
     /* The choice of post number n, waiting for it but not for the work queued after it. The
      * backend keeps the last BACKEND_POSTS posts: n must not be older. */
     int32_t (*choice_wait)(struct backend *be, int64_t n);
+    /* *out = a token drawn from x[0..n) under st (see struct backend_sampling), its count in
+     * st->count incremented. pos as for argmax (a decode step: the token chosen is at *pos + 1,
+     * then *pos += 1 and the choice is posted); without pos, at host_pos. NULL: not offered. */
+    void (*sample)(struct backend *be, int32_t *out, const uint16_t *x, int n,
+                   const struct backend_sample_state *st, int32_t *pos, int host_pos);
 };
 
 struct backend {

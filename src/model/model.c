@@ -14,6 +14,9 @@
 #include <string.h>
 
 enum { GRAPH_STEP = 1, GRAPH_STEP_LONG = 2 }; /* the decode step's graph, by graph_variant */
+/* the step's graph ending in the sample op: keys above every argmax step's */
+#define GRAPH_SAMPLE (2 * MODEL_MAX_SEQS)
+enum { CHOICE_NONE, CHOICE_ARGMAX, CHOICE_SAMPLE };
 #define LOGITS_ROWS 16 /* rows of logits computed per matmul when every position is wanted */
 
 struct layer {
@@ -82,11 +85,12 @@ struct model {
     size_t weight_bytes;
     int64_t n_params;
     int n_skipped;
-    /* The greedy choice of the current logits lies in ids[0], where a step's argmax writes it so
-     * that the next step can take it as its token without the host: */
-    int argmax_valid; /* ids[0] holds it */
+    /* The choice of the current logits lies in ids[0], where a step's argmax (or sample) writes
+     * it so that the next step can take it as its token without the host: */
+    int choice;       /* what ids[0] holds: CHOICE_NONE, _ARGMAX, _SAMPLE */
     int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
                          argmax also advanced pos_dev[0] to pos */
+    struct backend_sample_state samp; /* model_sample_begin's (allocated at its first call) */
     int64_t n_posts;  /* steps run: each posts its choice */
     struct gen_defaults gen; /* generation_config.json */
     int logits_pos;   /* m->logits row 0 holds the logits of the current sequence at this
@@ -490,7 +494,7 @@ void model_reset(struct model *m) {
     /* the KV rows are overwritten by position; the DeltaNet states start from zero */
     if (m->gdn_block_bytes) m->be->ops->zero(m->be, m->cur->gdn_block, m->gdn_block_bytes);
     m->cur->pos = 0;
-    m->argmax_valid = m->posted = 0;
+    m->choice = m->posted = 0;
     m->logits_pos = -1;
 }
 
@@ -536,7 +540,7 @@ int model_seq_pos(const struct model_seq *s) { return s->pos; }
 void model_seq_use(struct model *m, struct model_seq *s) {
     if (s == m->cur) return;
     m->cur = s;
-    m->argmax_valid = m->posted = 0; /* ids[0] and the logits are the other sequence's */
+    m->choice = m->posted = 0; /* ids[0] and the logits are the other sequence's */
     m->logits_pos = -1;
 }
 
@@ -553,7 +557,7 @@ void model_seq_fork(struct model *m, struct model_seq *dst, const struct model_s
                           (size_t)c->num_key_value_heads);
         }
     dst->pos = n; /* its DeltaNet states are the caller's to restore (a checkpoint at n) */
-    if (dst == m->cur) m->argmax_valid = m->posted = 0;
+    if (dst == m->cur) m->choice = m->posted = 0;
 }
 
 size_t model_ckpt_bytes(const struct model *m) {
@@ -596,7 +600,7 @@ void model_ckpt_restore(struct model *m, const struct model_ckpt *ck, int with_l
     if (m->gdn_block_bytes)
         be->ops->copy(be, m->cur->gdn_block, 0, ck->block, 0, m->gdn_block_bytes, 1);
     m->cur->pos = ck->pos;
-    m->argmax_valid = m->posted = 0;
+    m->choice = m->posted = 0;
     m->logits_pos = -1;
     if (with_logits && ck->has_logits) {
         be->ops->copy(be, m->logits, 0, ck->logits, 0, (size_t)m->config.vocab_size * 2, 1);
@@ -716,7 +720,7 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
     }
     free(tmp);
     free(pos_ids);
-    m->argmax_valid = m->posted = 0;
+    m->choice = m->posted = 0;
     m->logits_pos = want_logits ? s->pos : -1;
     return 0;
 }
@@ -732,43 +736,53 @@ int model_prefill_ckpt(struct model *m, const int32_t *ids, int n, struct model_
 }
 
 /* One decode step on the token in ids[0] at the position in pos_dev[0] (== m->cur->pos): the graph
- * ends with the argmax that writes the choice to ids[0], advances pos_dev[0] and posts it. */
-static void step(struct model *m) {
+ * ends with the argmax (sample: the sample op) that writes the choice to ids[0], advances
+ * pos_dev[0] and posts it. */
+static void step(struct model *m, int sample) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
     const int variant = be->ops->graph_variant && be->ops->graph_variant(be, m->cur->pos);
-    const int key = (variant ? GRAPH_STEP_LONG : GRAPH_STEP) + 2 * m->cur->index;
+    const int key = (variant ? GRAPH_STEP_LONG : GRAPH_STEP) + 2 * m->cur->index + (sample ? GRAPH_SAMPLE : 0);
     if (!be->ops->graph_replay(be, key)) {
         be->ops->graph_begin(be, key);
         forward(m, 1, NULL);
         logits_rows(m, 0, 1);
-        be->ops->argmax(be, m->ids, m->logits, c->vocab_size, m->pos_dev);
+        if (sample)
+            be->ops->sample(be, m->ids, m->logits, c->vocab_size, &m->samp, m->pos_dev, 0);
+        else
+            be->ops->argmax(be, m->ids, m->logits, c->vocab_size, m->pos_dev);
         be->ops->graph_end(be, key);
     }
     m->cur->pos++;
     m->n_posts++;
-    m->argmax_valid = m->posted = 1;
+    m->choice = sample ? CHOICE_SAMPLE : CHOICE_ARGMAX;
+    m->posted = 1;
     m->logits_pos = m->cur->pos;
+}
+
+static void step_on(struct model *m, int32_t token, int sample) {
+    const int32_t pos_token[2] = {m->cur->pos, token}; /* pos_dev[0], ids[0]: one copy */
+    m->be->ops->upload(m->be, m->pos_dev, pos_token, sizeof pos_token);
+    step(m, sample);
 }
 
 int model_step(struct model *m, int32_t token) {
     if (m->cur->pos >= m->ctx) return -1;
     CHECK(token >= 0 && token < m->config.vocab_size);
-    const int32_t pos_token[2] = {m->cur->pos, token}; /* pos_dev[0], ids[0]: one copy */
-    m->be->ops->upload(m->be, m->pos_dev, pos_token, sizeof pos_token);
-    step(m);
+    step_on(m, token, 0);
     return 0;
 }
 
 int32_t model_step_greedy(struct model *m) {
     struct backend *be = m->be;
     if (m->cur->pos >= m->ctx) return -1;
-    if (!m->posted) { /* no step posted a choice yet (after a prefill): the host reads it */
+    if (!m->posted || m->choice != CHOICE_ARGMAX) { /* no step posted a greedy choice yet (after
+                                                        a prefill): the host reads it */
         int32_t id = model_argmax(m);
         return model_step(m, id) == 0 ? id : -1;
     }
     const int64_t post = m->n_posts; /* the last step's choice: in ids[0], its position too */
-    step(m);
+    step(m, 0);
     int32_t id = be->ops->choice_wait(be, post);
     CHECK(id >= 0 && id < m->config.vocab_size);
     return id;
@@ -776,12 +790,78 @@ int32_t model_step_greedy(struct model *m) {
 
 int32_t model_argmax(struct model *m) {
     struct backend *be = m->be;
-    if (!m->argmax_valid) {
+    if (m->choice != CHOICE_ARGMAX) {
         be->ops->argmax(be, m->ids, m->logits, m->config.vocab_size, NULL);
-        m->argmax_valid = 1;
+        m->choice = CHOICE_ARGMAX;
+        m->posted = 0; /* ids[0] is no longer the last post */
     }
     int32_t id;
     be->ops->download(be, &id, m->ids, sizeof id);
+    return id;
+}
+
+int model_sample_begin(struct model *m, const struct model_sampling *p, const int32_t *prompt, int n) {
+    struct backend *be = m->be;
+    const int V = m->config.vocab_size;
+    const int topk_on = p->top_k > 0 && p->top_k < V;
+    if (!be->ops->sample || V > BACKEND_SAMPLE_VMAX || !(p->temperature > 0.0f)) return 0;
+    if (topk_on ? p->top_k > BACKEND_SAMPLE_KMAX : (p->top_p < 1.0f || p->min_p > 0.0f)) return 0;
+    struct backend_sample_state *st = &m->samp;
+    if (!st->params) {
+        st->params = be->ops->alloc(be, sizeof *st->params);
+        st->bias = be->ops->alloc(be, (size_t)V * sizeof *st->bias);
+        st->count = be->ops->alloc(be, (size_t)V * sizeof *st->count);
+        st->in_prompt = be->ops->alloc(be, (size_t)V);
+    }
+    struct backend_sampling sp = {p->temperature, p->top_p, p->min_p, p->presence, p->frequency,
+                                  p->repetition, topk_on ? p->top_k : 0, 0, p->seed};
+    if (p->n_bias > 0) {
+        float *bias = xcalloc((size_t)V, sizeof *bias);
+        for (int i = 0; i < p->n_bias; i++)
+            if (p->bias_ids[i] >= 0 && p->bias_ids[i] < V) bias[p->bias_ids[i]] += p->bias_values[i];
+        be->ops->upload(be, st->bias, bias, (size_t)V * sizeof *bias);
+        free(bias);
+        sp.flags |= BACKEND_SAMPLE_BIAS;
+    }
+    if (p->presence != 0.0f || p->frequency != 0.0f || p->repetition != 1.0f) {
+        sp.flags |= BACKEND_SAMPLE_PENALTIES;
+        be->ops->zero(be, st->count, (size_t)V * sizeof *st->count);
+        uint8_t *flag = xcalloc((size_t)V, 1);
+        if (p->repetition != 1.0f)
+            for (int i = 0; i < n; i++)
+                if (prompt[i] >= 0 && prompt[i] < V) flag[prompt[i]] = 1;
+        be->ops->upload(be, st->in_prompt, flag, (size_t)V);
+        free(flag);
+    }
+    be->ops->upload(be, st->params, &sp, sizeof sp);
+    if (m->choice == CHOICE_SAMPLE) m->choice = m->posted = 0; /* drawn under other parameters */
+    return 1;
+}
+
+int32_t model_sample(struct model *m) {
+    struct backend *be = m->be;
+    CHECK(m->samp.params);
+    if (m->choice != CHOICE_SAMPLE) {
+        be->ops->sample(be, m->ids, m->logits, m->config.vocab_size, &m->samp, NULL, m->cur->pos);
+        m->choice = CHOICE_SAMPLE;
+        m->posted = 0;
+    }
+    int32_t id;
+    be->ops->download(be, &id, m->ids, sizeof id);
+    return id;
+}
+
+int32_t model_step_sample(struct model *m) {
+    if (m->cur->pos >= m->ctx) return -1;
+    if (!m->posted || m->choice != CHOICE_SAMPLE) { /* no sampled step posted yet: the host reads it */
+        const int32_t id = model_sample(m);
+        step_on(m, id, 1);
+        return id;
+    }
+    const int64_t post = m->n_posts;
+    step(m, 1);
+    const int32_t id = m->be->ops->choice_wait(m->be, post);
+    CHECK(id >= 0 && id < m->config.vocab_size);
     return id;
 }
 

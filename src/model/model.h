@@ -104,6 +104,26 @@ int32_t model_step_greedy(struct model *m);
 /* Greedy choice over the current logits (on the backend). */
 int32_t model_argmax(struct model *m);
 
+/* Sampling on the backend (backend.h, struct backend_sampling: the processing and the draw).
+ * model_sample_begin sets it up for one request: the parameters, the logit bias, the output
+ * counts at zero and the prompt's tokens (repetition penalty); it returns 1 when the backend
+ * takes these parameters (top_k 1..BACKEND_SAMPLE_KMAX with any top_p / min_p, or no filter at
+ * all), 0 when they stay with the host sampler (top_p or min_p over the whole vocabulary,
+ * top_k above the limit, temperature 0). Then model_sample draws from the current logits and
+ * model_step_sample is model_step_greedy's sampled twin: it feeds the drawn token and returns
+ * it, the next draw queued on the device behind it. */
+struct model_sampling {
+    float temperature, top_p, min_p, presence, frequency, repetition;
+    int top_k;
+    uint64_t seed;
+    const int32_t *bias_ids;
+    const float *bias_values;
+    int n_bias;
+};
+int model_sample_begin(struct model *m, const struct model_sampling *p, const int32_t *prompt, int n);
+int32_t model_sample(struct model *m);
+int32_t model_step_sample(struct model *m);
+
 /* Copies the current logits as float (vocab_size,). */
 void model_logits(struct model *m, float *out);
 

@@ -445,6 +445,80 @@ static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int 
     }
 }
 
+/* The sample op (backend.h, struct backend_sampling): the processed logit of each token, the
+ * k best by it (ties: lower id) or the best by l / T plus Gumbel noise, then the filters and the
+ * draw over those candidates in order, in float as the CUDA kernel computes them. */
+struct scand {
+    float key, l;
+    int32_t id;
+};
+static int scand_before(const struct scand *a, const struct scand *b) { /* ids ascend */
+    return a->key > b->key || (a->key == b->key && a->id < b->id);
+}
+
+static void cpu_sample(struct backend *be, int32_t *out, const uint16_t *x, int n,
+                       const struct backend_sample_state *st, int32_t *pos, int host_pos) {
+    const struct backend_sampling sp = *st->params;
+    const int at = pos ? *pos + 1 : host_pos, k = sp.top_k > 0 ? sp.top_k : 1;
+    CHECK(sp.top_k >= 0 && sp.top_k <= BACKEND_SAMPLE_KMAX && n >= 1 && n <= BACKEND_SAMPLE_VMAX);
+    struct scand c[BACKEND_SAMPLE_KMAX] = {{0}}; /* the best k so far, in order */
+    int nc = 0;
+    for (int i = 0; i < n; i++) {
+        float l = bf16_to_f32(x[i]);
+        if (sp.flags & BACKEND_SAMPLE_BIAS) l += st->bias[i];
+        if (sp.flags & BACKEND_SAMPLE_PENALTIES) {
+            const int cnt = st->count[i];
+            if (sp.repetition != 1.0f && (cnt > 0 || st->in_prompt[i]))
+                l = l > 0 ? l / sp.repetition : l * sp.repetition;
+            if (cnt > 0) l -= sp.presence + sp.frequency * (float)cnt;
+        }
+        if (l != l) l = -INFINITY; /* NaN: never drawn */
+        float key = l;
+        if (sp.top_k == 0) key = l / sp.temperature - logf(-logf(backend_sample_u(sp.seed, at, i)));
+        const struct scand v = {key, l, i};
+        if (nc == k && !scand_before(&v, &c[k - 1])) continue;
+        int j = nc < k ? nc++ : k - 1;
+        for (; j > 0 && scand_before(&v, &c[j - 1]); j--) c[j] = c[j - 1];
+        c[j] = v;
+    }
+    int32_t choice = c[0].id;
+    if (sp.top_k > 0 && c[0].l > -INFINITY) {
+        float p[BACKEND_SAMPLE_KMAX] = {0}, z = 0.0f;
+        const int kk = nc;
+        for (int i = 0; i < kk; i++) z += p[i] = expf((c[i].l - c[0].l) / sp.temperature);
+        int m = kk;
+        if (sp.top_p < 1.0f) {
+            float cum = 0.0f;
+            for (int i = 0; i < kk; i++)
+                if ((cum += p[i]) >= sp.top_p * z) {
+                    m = i + 1;
+                    break;
+                }
+        }
+        if (sp.min_p > 0.0f) {
+            int w = 0;
+            while (w < m && p[w] >= sp.min_p) w++;
+            m = w > 0 ? w : 1;
+        }
+        float zk = 0.0f, cum = 0.0f;
+        for (int i = 0; i < m; i++) zk += p[i];
+        const float r = backend_sample_u(sp.seed, at, n) * zk;
+        choice = c[m - 1].id;
+        for (int i = 0; i < m; i++)
+            if (r < (cum += p[i])) {
+                choice = c[i].id;
+                break;
+            }
+    }
+    *out = choice;
+    st->count[choice]++;
+    if (pos) {
+        struct cpu *cpu = cpu_of(be);
+        ++*pos;
+        cpu->posts[++cpu->n_posts % BACKEND_POSTS] = choice;
+    }
+}
+
 static int32_t cpu_choice_wait(struct backend *be, int64_t n) {
     struct cpu *cpu = cpu_of(be);
     CHECK(n >= 1 && n <= cpu->n_posts && n > cpu->n_posts - BACKEND_POSTS);
@@ -478,6 +552,7 @@ static const struct backend_ops cpu_ops = {
     .gdn = cpu_gdn,
     .argmax = cpu_argmax,
     .choice_wait = cpu_choice_wait,
+    .sample = cpu_sample,
 };
 
 struct backend *backend_cpu_create(const struct config *c, int max_ctx, int max_T, int n_threads) {

@@ -649,6 +649,12 @@ static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n
     PROF("argmax", cuda_argmax(cu, out, x, n, pos));
 }
 
+static void op_sample(struct backend *be, int32_t *out, const uint16_t *x, int n,
+                      const struct backend_sample_state *st, int32_t *pos, int host_pos) {
+    struct cuda *cu = cuda_of(be);
+    PROF("sample", cuda_sample(cu, out, x, n, st, pos, host_pos));
+}
+
 /* Spins on the mailbox slot of post n (the host's own memory, written by the argmax kernel);
  * now and then asks whether the stream is done, so a device error aborts instead of hanging. */
 static int32_t op_choice_wait(struct backend *be, int64_t n) {
@@ -707,6 +713,7 @@ static const struct backend_ops cuda_ops = {
     op_gdn,
     op_argmax,
     op_choice_wait,
+    op_sample,
 };
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -811,6 +818,8 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->early_cnt = (int *)dev_alloc(cu, 2 * CUDA_EARLY_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
+    cu->sample_part = (float *)dev_alloc(cu, (size_t)(BACKEND_SAMPLE_VMAX / 4096) * BACKEND_SAMPLE_KMAX * 2 * sizeof(float),
+                                         "sample scratch");
     cu->n_posts = (unsigned *)dev_alloc(cu, sizeof(unsigned), "argmax posts");
     void *mail_dev = NULL;
     cu->mail = (unsigned long long *)gpu_host_alloc_mapped(BACKEND_POSTS * sizeof *cu->mail, &mail_dev);

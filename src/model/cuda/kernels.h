@@ -14,7 +14,7 @@ extern "C" {
 #include "util.h"
 #include "cuda.h"
 
-#define CUDA_MAX_GRAPHS 136 /* two decode-step variants for each of up to 64 sequences, and spare */
+#define CUDA_MAX_GRAPHS 264 /* two decode-step variants, argmax or sample, for each of up to 64 sequences, and spare */
 #define CUDA_ARGMAX_BLOCKS 264
 #define CUDA_STAGE_BYTES (1u << 20) /* pinned staging buffer for small copies */
 
@@ -132,10 +132,11 @@ struct cuda {
                           blocks done (cuda_gemv_early; both back at zero after each step) */
     const void *early_key[CUDA_EARLY_SLOTS]; /* the layer of each pair: its input projection
                                                 (the weights: every sequence shares them) */
-    int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [8, 9]
+    int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [1] sample, [8, 9]
                           the GEMV tail (cuda_gemv_job.tail_ctr), [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
     float *argmax_part; /* (CUDA_ARGMAX_BLOCKS, 2) value, index */
+    float *sample_part; /* (64 blocks, BACKEND_SAMPLE_KMAX, 2) key, id: sample.cu */
     unsigned *n_posts;  /* (1,) argmax choices posted so far (device) */
     unsigned long long *mail, *mail_dev; /* (BACKEND_POSTS,) pinned, mapped: post n at n %
                                             BACKEND_POSTS as n << 32 | choice */
@@ -175,6 +176,8 @@ static inline void cuda_prof_split(struct cuda *cu, const char *name) {
 void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table, const int32_t *ids, int T,
                 int H, int V);
 void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int32_t *pos);
+void cuda_sample(struct cuda *cu, int32_t *out, const uint16_t *x, int n,
+                 const struct backend_sample_state *st, int32_t *pos, int host_pos);
 void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
                   int K, float eps);
 
