@@ -379,6 +379,38 @@ int cmd_bench(int argc, char **argv) {
     /* long contexts */
     double at512 = -1, at8k = -1, at32k = -1;
     int pos512 = 0, pos32k = 0; /* cache rows before each window's timed steps */
+    /* long prompts (issue 26): prefill of 4k, 16k and 32k tokens from an empty context, and the
+     * engine's TTFT of a 16k-token prompt */
+    static const int long_pp[3] = {4096, 16384, 32768};
+    double long_ms[3] = {-1, -1, -1}, ttft16k = -1;
+    if (long_ctx)
+        for (int k = 0; k < 3; k++) {
+            if (long_pp[k] + 1 > ctx) continue;
+            for (int r = 0; r < 2; r++) v[r] = time_prefill(m, long_pp[k], 1, &err);
+            long_ms[k] = v[0] < v[1] ? v[0] : v[1];
+        }
+    if (long_ctx && ctx > 16384 + 1) {
+        int32_t *ids = xmalloc(16384 * sizeof *ids);
+        random_ids(ids, 16384, c->vocab_size);
+        struct engine *e16 = engine_create(m, NULL);
+        engine_set_prefix_reuse(e16, 0);
+        for (int r = 0; r < 2; r++) {
+            struct engine_request rq;
+            memset(&rq, 0, sizeof rq);
+            rq.prompt = ids;
+            rq.n_prompt = 16384;
+            rq.max_tokens = 1;
+            sampler_params_default(&rq.sampling);
+            rq.sampling.temperature = 0;
+            rq.ignore_eos = 1;
+            struct engine_result res;
+            v[r] = engine_generate(e16, &rq, &res, &err) == 0 ? res.ttft_ms : -1;
+        }
+        ttft16k = v[0] < v[1] ? v[0] : v[1];
+        engine_free(e16);
+        free(ids);
+    }
+
     if (long_ctx && ctx >= 8192 + 64) { /* issue 4's ratio: the speed at 32k over that at 512 */
         time_prefill(m, 512 - 1, 1, &err);
         time_steps(m, 2);
@@ -408,6 +440,10 @@ int cmd_bench(int argc, char **argv) {
         printf("| tg128 sampled (T 0.7, top_p 0.8, top_k 20, presence 1.5) | %.1f tok/s (%.3f ms/token, %.1f%% of tg128) |\n",
                128 / tgs_ms * 1000, tgs_ms / 128, 100 * tg_ms / tgs_ms);
     printf("| engine TTFT, 54-token prompt | %.2f ms |\n", ttft_ms);
+    for (int k = 0; k < 3; k++)
+        if (long_ms[k] > 0)
+            printf("| prefill %d | %.0f tok/s (%.1f ms) |\n", long_pp[k], long_pp[k] / long_ms[k] * 1000, long_ms[k]);
+    if (ttft16k > 0) printf("| engine TTFT, 16,384-token prompt | %.1f ms |\n", ttft16k);
     printf("| engine decode, 128 tokens: greedy / sampled (T 0.7, top_p 0.8, top_k 20, presence 1.5) "
            "| %.1f / %.1f tok/s (%.1f%%) |\n", eng_tg[0], eng_tg[1], eng_tg[0] > 0 ? 100 * eng_tg[1] / eng_tg[0] : 0.0);
     for (int w = 0; w < 7; w++)
