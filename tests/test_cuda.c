@@ -830,7 +830,11 @@ static void check_sample(void) {
         {1.0f, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0, 0, 4},                        /* Gumbel */
         {0.8f, 1.0f, 0.0f, 0.5f, 0.0f, 1.0f, 0, BACKEND_SAMPLE_PENALTIES | BACKEND_SAMPLE_BIAS, 5},
         {1.0f, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 1, 0, 6},
+        {0.7f, 1.0f, 0.0f, 1.5f, 0.0f, 1.0f, 20, BACKEND_SAMPLE_PENALTIES | BACKEND_SAMPLE_MASK, 7},
+        {1.0f, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0, BACKEND_SAMPLE_MASK, 8},
     };
+    uint64_t *mask = calloc(((size_t)V + 63) / 64, 8); /* a grammar's: every third token */
+    for (int i = 0; i < V; i += 3) mask[i / 64] |= 1ull << (i % 64);
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         int32_t ids[2][200], *cnt[2];
         for (int b = 0; b < 2; b++) {
@@ -838,7 +842,8 @@ static void check_sample(void) {
             struct backend_sample_state st = {(struct backend_sampling *)up(be, &cases[k], sizeof cases[k]),
                                               (float *)up(be, bias, (size_t)V * 4),
                                               (int32_t *)up(be, count0, (size_t)V * 4),
-                                              (uint8_t *)up(be, inp, (size_t)V)};
+                                              (uint8_t *)up(be, inp, (size_t)V),
+                                              (uint64_t *)up(be, mask, ((size_t)V + 63) / 64 * 8)};
             void *dx = up(be, x, (size_t)V * 2);
             int32_t *dout = (int32_t *)be->ops->alloc(be, 4 * N), *dpos = (int32_t *)up(be, &(int32_t){99}, 4);
             for (int d = 0; d < N; d++) /* half as a decode step's form, from position 100 on */
@@ -850,16 +855,19 @@ static void check_sample(void) {
             int32_t *pend = (int32_t *)down(be, dpos, 4);
             EXPECT(*pend == 99 + N / 2, "sample case %zu: pos advanced to %d", k, *pend);
             free(pend);
-            void *bufs[] = {st.params, st.bias, st.count, st.in_prompt, dx, dout, dpos};
+            void *bufs[] = {st.params, st.bias, st.count, st.in_prompt, st.mask, dx, dout, dpos};
             for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
         }
         /* the step form draws at *pos + 1: 99 + (d + 1) / 2 + 1 for odd d, not 100 + d: the
          * positions differ from the host form's, the same on both backends */
         int agree = 0, cnt_ok = 1, distinct = 0;
+        int masked_ok = 1;
         for (int d = 0; d < N; d++) {
             agree += ids[0][d] == ids[1][d];
             distinct += d > 0 && ids[1][d] != ids[1][0];
+            masked_ok &= !(cases[k].flags & BACKEND_SAMPLE_MASK) || ids[1][d] % 3 == 0;
         }
+        EXPECT(masked_ok, "sample case %zu: CUDA drew a masked token", k);
         for (int i = 0; i < V; i++) cnt_ok &= cnt[0][i] == cnt[1][i] || agree < N;
         EXPECT(agree >= N - 2, "sample case %zu: CUDA and CPU drew the same token %d of %d times", k, agree, N);
         EXPECT(cnt_ok, "sample case %zu: counts differ", k);
@@ -868,7 +876,7 @@ static void check_sample(void) {
                cases[k].top_k, cases[k].top_p, cases[k].min_p, cases[k].temperature, cases[k].flags, agree, N);
         free(cnt[0]), free(cnt[1]);
     }
-    free(x), free(bias), free(count0), free(inp);
+    free(x), free(bias), free(count0), free(inp), free(mask);
     bes[1]->ops->destroy(bes[1]);
     bes[0]->ops->destroy(bes[0]);
 }

@@ -3,7 +3,7 @@
  * op's draws over many positions and the sampler's draws follow the same distribution (a
  * two-sample chi-square test, bins of fewer than 10 draws merged, at p = 1e-5: a correct pair
  * fails with negligible probability; the test shows it rejects a wrong temperature), for each
- * filter and their combinations with penalties and bias; the same seed and position give the
+ * filter and their combinations with penalties, bias and a grammar's mask; the same seed and position give the
  * same token; the op counts its choice. */
 #include <math.h>
 #include <stdlib.h>
@@ -23,10 +23,11 @@ static float xf[V], bias[V];
 static int32_t count0[V], count[V];
 static uint8_t inp[V];
 static int32_t prompt[40], accepted[30], bias_ids[3];
+static uint64_t mask[(V + 63) / 64];
 
 static void op_hist(const struct backend_sampling *sp, int *h) {
     struct backend_sampling p = *sp;
-    struct backend_sample_state st = {&p, bias, count, inp};
+    struct backend_sample_state st = {&p, bias, count, inp, mask};
     memset(h, 0, V * sizeof *h);
     for (int d = 0; d < DRAWS; d++) {
         memcpy(count, count0, sizeof count);
@@ -36,7 +37,7 @@ static void op_hist(const struct backend_sampling *sp, int *h) {
     }
 }
 
-static void host_hist(const struct sampler_params *sp, int penalties, int *h) {
+static void host_hist(const struct sampler_params *sp, int penalties, int masked, int *h) {
     struct sampler *s = sampler_create(V, sp);
     if (penalties) {
         sampler_add_prompt(s, prompt, 40);
@@ -46,6 +47,8 @@ static void host_hist(const struct sampler_params *sp, int penalties, int *h) {
     memset(h, 0, V * sizeof *h);
     for (int d = 0; d < DRAWS; d++) {
         memcpy(l, xf, sizeof xf);
+        for (int i = 0; masked && i < V; i++) /* as the engine masks the host logits */
+            if (!(mask[i / 64] >> (i % 64) & 1)) l[i] = -INFINITY;
         h[sampler_sample(s, l)]++;
     }
     free(l);
@@ -73,7 +76,7 @@ static int same_dist(const int *a, const int *b, double *chi, int *dfo) {
 }
 
 static void check(const char *what, float temp, int top_k, float top_p, float min_p, float pres,
-                  float freq, float rep, int use_bias) {
+                  float freq, float rep, int use_bias, int use_mask) {
     struct sampler_params hp;
     sampler_params_default(&hp);
     hp.temperature = temp, hp.top_k = top_k, hp.top_p = top_p, hp.min_p = min_p;
@@ -91,10 +94,11 @@ static void check(const char *what, float temp, int top_k, float top_p, float mi
         for (int i = 0; i < 40; i++) inp[prompt[i]] = 1;
     }
     struct backend_sampling sp = {temp, top_p, min_p, pres, freq, rep, top_k, 0, 99};
-    sp.flags = (use_bias ? BACKEND_SAMPLE_BIAS : 0) | (pen ? BACKEND_SAMPLE_PENALTIES : 0);
+    sp.flags = (use_bias ? BACKEND_SAMPLE_BIAS : 0) | (pen ? BACKEND_SAMPLE_PENALTIES : 0) |
+               (use_mask ? BACKEND_SAMPLE_MASK : 0);
     static int a[V], b[V];
     op_hist(&sp, a);
-    host_hist(&hp, pen, b);
+    host_hist(&hp, pen, use_mask, b);
     double chi;
     int df;
     EXPECT(same_dist(a, b, &chi, &df), "%s: op vs host sampler chi-square %.1f on %d df", what, chi, df);
@@ -125,15 +129,33 @@ int main(void) {
     bias_ids[0] = rank[0], bias_ids[1] = rank[49], bias_ids[2] = rank[199];
     for (int i = 0; i < 30; i++) accepted[i] = (i * 53) % 60; /* repeats: counts above 1 */
 
-    check("top_k 20, T 0.7", 0.7f, 20, 1, 0, 0, 0, 1, 0);
-    check("top_k 20, top_p 0.8, T 0.7, presence 1.5", 0.7f, 20, 0.8f, 0, 1.5f, 0, 1, 0);
-    check("top_k 64, min_p 0.05", 1.0f, 64, 1, 0.05f, 0, 0, 1, 0);
-    check("top_k 40, top_p 0.9, min_p 0.02, T 1.3", 1.3f, 40, 0.9f, 0.02f, 0, 0, 1, 0);
-    check("top_k 1 (greedy by draw)", 1.0f, 1, 1, 0, 0, 0, 1, 0);
-    check("top_k 30, frequency 0.5, repetition 1.3", 0.9f, 30, 1, 0, 0, 0.5f, 1.3f, 0);
-    check("top_k 20, logit_bias", 0.7f, 20, 1, 0, 0, 0, 1, 1);
-    check("no filter (Gumbel), T 1", 1.0f, 0, 1, 0, 0, 0, 1, 0);
-    check("no filter (Gumbel), T 0.5, presence, bias", 0.5f, 0, 1, 0, 1.0f, 0, 1, 1);
+    check("top_k 20, T 0.7", 0.7f, 20, 1, 0, 0, 0, 1, 0, 0);
+    check("top_k 20, top_p 0.8, T 0.7, presence 1.5", 0.7f, 20, 0.8f, 0, 1.5f, 0, 1, 0, 0);
+    check("top_k 64, min_p 0.05", 1.0f, 64, 1, 0.05f, 0, 0, 1, 0, 0);
+    check("top_k 40, top_p 0.9, min_p 0.02, T 1.3", 1.3f, 40, 0.9f, 0.02f, 0, 0, 1, 0, 0);
+    check("top_k 1 (greedy by draw)", 1.0f, 1, 1, 0, 0, 0, 1, 0, 0);
+    check("top_k 30, frequency 0.5, repetition 1.3", 0.9f, 30, 1, 0, 0, 0.5f, 1.3f, 0, 0);
+    check("top_k 20, logit_bias", 0.7f, 20, 1, 0, 0, 0, 1, 1, 0);
+    check("no filter (Gumbel), T 1", 1.0f, 0, 1, 0, 0, 0, 1, 0, 0);
+    check("no filter (Gumbel), T 0.5, presence, bias", 0.5f, 0, 1, 0, 1.0f, 0, 1, 1, 0);
+
+    /* a grammar's mask: every third token allowed */
+    for (int i = 0; i < V; i++)
+        if (i % 3 == 0) mask[i / 64] |= 1ull << (i % 64);
+    check("top_k 20, mask", 0.7f, 20, 1, 0, 0, 0, 1, 0, 1);
+    check("top_k 1 (greedy), mask", 1.0f, 1, 1, 0, 0, 0, 1, 0, 1);
+    check("no filter (Gumbel), mask, presence", 1.0f, 0, 1, 0, 1.0f, 0, 1, 0, 1);
+    {
+        struct backend_sampling sp = {1.0f, 1, 0, 0, 0, 1, 64, BACKEND_SAMPLE_MASK, 11};
+        struct backend_sample_state st = {&sp, bias, count, inp, mask};
+        int ok = 1;
+        for (int d = 0; d < 500; d++) {
+            int32_t o;
+            be->ops->sample(be, &o, x, V, &st, NULL, d);
+            ok &= o % 3 == 0;
+        }
+        EXPECT(ok, "a masked token was drawn");
+    }
 
     /* the test rejects a wrong distribution: the op at T 0.7 against the sampler at T 1 */
     {
@@ -144,7 +166,7 @@ int main(void) {
         memset(count0, 0, sizeof count0);
         static int a[V], b[V];
         op_hist(&sp, a);
-        host_hist(&hp, 0, b);
+        host_hist(&hp, 0, 0, b);
         double chi;
         int df;
         EXPECT(!same_dist(a, b, &chi, &df), "a temperature of 0.7 against 1.0 passed (chi %.1f, %d df)", chi, df);
@@ -154,7 +176,7 @@ int main(void) {
     {
         struct backend_sampling sp = {0.8f, 1, 0, 0, 0, 1, 20, 0, 42};
         memset(count, 0, sizeof count);
-        struct backend_sample_state st = {&sp, bias, count, inp};
+        struct backend_sample_state st = {&sp, bias, count, inp, mask};
         int same = 1, differ = 0;
         int32_t first[64];
         for (int d = 0; d < 64; d++) be->ops->sample(be, &first[d], x, V, &st, NULL, d);

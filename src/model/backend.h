@@ -41,7 +41,8 @@ struct backend_snap {
  * a logit bias, the count of the token in the output and whether it is in the prompt. Each
  * token's logit l (bf16 -> fp32) becomes l + bias (flag BIAS), then the repetition penalty
  * (prompt or output: l > 0 ? l / r : l * r) and presence + frequency * count (output: flag
- * PENALTIES), all as sampler.c does. Then:
+ * PENALTIES), all as sampler.c does; with flag MASK (a grammar's allowed tokens, bit i % 64 of
+ * word i / 64), -inf for the tokens not allowed. Then:
  *   top_k in 1..BACKEND_SAMPLE_KMAX: the k best by l (ties: lower id), p_i = exp((l_i - l_0) / T),
  *     top_p over their mass (the smallest prefix reaching top_p of it), min_p (p_i >= min_p),
  *     one draw r = u * sum(kept p) walked in that order, u = backend_sample_u(seed, pos, V);
@@ -51,7 +52,7 @@ struct backend_snap {
  * replay). Other filter combinations stay with the host sampler. */
 #define BACKEND_SAMPLE_KMAX 64
 #define BACKEND_SAMPLE_VMAX 262144 /* 64 blocks of 4096 tokens on CUDA */
-enum { BACKEND_SAMPLE_BIAS = 1, BACKEND_SAMPLE_PENALTIES = 2 };
+enum { BACKEND_SAMPLE_BIAS = 1, BACKEND_SAMPLE_PENALTIES = 2, BACKEND_SAMPLE_MASK = 4 };
 struct backend_sampling {
     float temperature; /* > 0 */
     float top_p, min_p;
@@ -65,6 +66,7 @@ struct backend_sample_state {  /* backend memory */
     float *bias;                /* (V,) added to the logits (flag BIAS) */
     int32_t *count;             /* (V,) occurrences in the output: the op adds its choice */
     uint8_t *in_prompt;         /* (V,) 1 for the prompt's tokens (repetition penalty) */
+    uint64_t *mask;             /* ((V + 63) / 64,) allowed tokens (flag MASK) */
 };
 
 /* A uniform in (0, 1) from 24 bits of a hash of (seed, pos, i): the sample op's randomness,

@@ -91,6 +91,7 @@ struct model {
     int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
                          argmax also advanced pos_dev[0] to pos */
     struct backend_sample_state samp; /* model_sample_begin's (allocated at its first call) */
+    struct backend_sampling samp_host; /* the parameters as last uploaded to samp.params */
     int64_t n_posts;  /* steps run: each posts its choice */
     struct gen_defaults gen; /* generation_config.json */
     int logits_pos;   /* m->logits row 0 holds the logits of the current sequence at this
@@ -812,6 +813,7 @@ int model_sample_begin(struct model *m, const struct model_sampling *p, const in
         st->bias = be->ops->alloc(be, (size_t)V * sizeof *st->bias);
         st->count = be->ops->alloc(be, (size_t)V * sizeof *st->count);
         st->in_prompt = be->ops->alloc(be, (size_t)V);
+        st->mask = be->ops->alloc(be, ((size_t)V + 63) / 64 * sizeof *st->mask);
     }
     struct backend_sampling sp = {p->temperature, p->top_p, p->min_p, p->presence, p->frequency,
                                   p->repetition, topk_on ? p->top_k : 0, 0, p->seed};
@@ -834,8 +836,22 @@ int model_sample_begin(struct model *m, const struct model_sampling *p, const in
         free(flag);
     }
     be->ops->upload(be, st->params, &sp, sizeof sp);
+    m->samp_host = sp;
     if (m->choice == CHOICE_SAMPLE) m->choice = m->posted = 0; /* drawn under other parameters */
     return 1;
+}
+
+void model_sample_mask(struct model *m, const uint64_t *mask) {
+    struct backend *be = m->be;
+    struct backend_sample_state *st = &m->samp;
+    CHECK(st->params);
+    const int on = mask != NULL;
+    if (on) be->ops->upload(be, st->mask, mask, ((size_t)m->config.vocab_size + 63) / 64 * sizeof *mask);
+    if (on != !!(m->samp_host.flags & BACKEND_SAMPLE_MASK)) {
+        m->samp_host.flags ^= BACKEND_SAMPLE_MASK;
+        be->ops->upload(be, st->params, &m->samp_host, sizeof m->samp_host);
+    }
+    if (m->choice == CHOICE_SAMPLE) m->choice = m->posted = 0; /* drawn under another mask */
 }
 
 int32_t model_sample(struct model *m) {

@@ -123,6 +123,9 @@ struct model_sampling {
 int model_sample_begin(struct model *m, const struct model_sampling *p, const int32_t *prompt, int n);
 int32_t model_sample(struct model *m);
 int32_t model_step_sample(struct model *m);
+/* The allowed tokens of the next draws (a grammar's: bit i % 64 of word i / 64), or NULL for
+ * all; a draw under a mask is made by model_sample, never run ahead (model_step_sample). */
+void model_sample_mask(struct model *m, const uint64_t *mask);
 
 /* Copies the current logits as float (vocab_size,). */
 void model_logits(struct model *m, float *out);

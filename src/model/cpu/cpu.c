@@ -472,6 +472,7 @@ static void cpu_sample(struct backend *be, int32_t *out, const uint16_t *x, int 
                 l = l > 0 ? l / sp.repetition : l * sp.repetition;
             if (cnt > 0) l -= sp.presence + sp.frequency * (float)cnt;
         }
+        if ((sp.flags & BACKEND_SAMPLE_MASK) && !(st->mask[i / 64] >> (i % 64) & 1)) l = -INFINITY;
         if (l != l) l = -INFINITY; /* NaN: never drawn */
         float key = l;
         if (sp.top_k == 0) key = l / sp.temperature - logf(-logf(backend_sample_u(sp.seed, at, i)));

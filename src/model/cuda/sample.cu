@@ -110,6 +110,7 @@ sample_kernel(int32_t *out, const uint16_t *x, int n, struct backend_sample_stat
                     l = l > 0 ? l / sp.repetition : l * sp.repetition;
                 if (cnt > 0) l -= sp.presence + sp.frequency * (float)cnt;
             }
+            if ((sp.flags & BACKEND_SAMPLE_MASK) && !(st.mask[i / 64] >> (i % 64) & 1)) l = -INFINITY;
             if (l != l) l = -INFINITY;
             kk = sp.top_k == 0 ? l / sp.temperature - logf(-logf(sample_u_d(sp.seed, at, i))) : l;
         }
