@@ -294,6 +294,7 @@ int cmd_bench(int argc, char **argv) {
     }
     /* engine TTFT, 54-token prompt, greedy, one token */
     struct engine *e = engine_create(m, NULL);
+    engine_set_prefix_reuse(e, 0); /* each rep prefills: not a resumed prompt */
     int32_t prompt[54];
     random_ids(prompt, 54, c->vocab_size);
     for (int r = 0; r < reps; r++) {
