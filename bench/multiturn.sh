@@ -16,6 +16,23 @@
 # Output: $OUT/multiturn.md, $OUT/multiturn.json. Env: SIZE (4b), CTX (32768), MAXTOK (48).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# the runtime libraries unpacked, $OUT, and the random checkpoint $M of $SIZE (made if missing)
+setup() {
+    OUT=${OUT:-/tmp/strata-gpu-out}
+    mkdir -p "$OUT"
+    source bench/server-debs.sh unpack /tmp/mt-root
+    SIZE=${SIZE:-4b}
+    M=/dev/shm/strata-models/$SIZE
+    [ -f "$M/config.json" ] || python3 tools/compare_transformers.py random --size "$SIZE" --out "$M" 2>&1 | tail -1
+}
+# serve PORT LOG ARGS...: strata serve on the random checkpoint $M in the background ($pid), once healthy
+serve() {
+    local port=$1 log=$2
+    shift 2
+    .carry/server/strata serve --model "$M" --tokenizer-dir demo --backend cuda --port "$port" "$@" >"$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
+}
 case "${1:-}" in
 stage)
     NVCC_PATH=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -29,18 +46,10 @@ stage)
     du -sh .carry/server
     ;;
 run)
-    OUT=${OUT:-/tmp/strata-gpu-out}
-    mkdir -p "$OUT"
-    source bench/server-debs.sh unpack /tmp/mt-root
-    SIZE=${SIZE:-4b}
-    M=/dev/shm/strata-models/$SIZE
-    [ -f "$M/config.json" ] || python3 tools/compare_transformers.py random --size "$SIZE" --out "$M" 2>&1 | tail -1
+    setup
     S=.carry/server/strata
     port=18080
-    $S serve --model "$M" --tokenizer-dir demo --backend cuda --ctx "${CTX:-32768}" --port $port \
-        --test-forced-output >"$OUT/serve.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
+    serve $port "$OUT/serve.log" --ctx "${CTX:-32768}" --test-forced-output
     timeout 400 python3 bench/multiturn.py --url "http://127.0.0.1:$port" --forced \
         --max-tokens "${MAXTOK:-48}" --json "$OUT/multiturn.json" \
         --pairs "$OUT/pairs.txt" | tee "$OUT/multiturn.md"
@@ -54,17 +63,9 @@ run)
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     ;;
 sampling) # issue 27's table: decode tok/s over HTTP, greedy against sampled (carry .carry/server)
-    OUT=${OUT:-/tmp/strata-gpu-out}
-    mkdir -p "$OUT"
-    source bench/server-debs.sh unpack /tmp/mt-root
-    SIZE=${SIZE:-4b}
-    M=/dev/shm/strata-models/$SIZE
-    [ -f "$M/config.json" ] || python3 tools/compare_transformers.py random --size "$SIZE" --out "$M" 2>&1 | tail -1
+    setup
     port=18081
-    .carry/server/strata serve --model "$M" --tokenizer-dir demo --backend cuda --ctx 8192 --port $port \
-        >"$OUT/serve-sampling.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
+    serve $port "$OUT/serve-sampling.log" --ctx 8192
     python3 - "$port" <<'PY' | tee "$OUT/sampling.md"
 import json, sys, urllib.request
 port = sys.argv[1]

@@ -76,6 +76,17 @@ static double time_steps(struct model *m, int n) {
     return now_ms() - t0;
 }
 
+/* A greedy request for the bench's engine measurements: n prompt ids, max_tokens, no EOS stop. */
+static void bench_request(struct engine_request *rq, const int32_t *prompt, int n, int max_tokens) {
+    memset(rq, 0, sizeof *rq);
+    rq->prompt = prompt;
+    rq->n_prompt = n;
+    rq->max_tokens = max_tokens;
+    sampler_params_default(&rq->sampling);
+    rq->sampling.temperature = 0;
+    rq->ignore_eos = 1;
+}
+
 /* n sampled steps (Qwen's settings: T 0.7, top_p 0.8, top_k 20, presence 1.5; the draw on the
  * backend), as time_steps */
 static double time_steps_sampled(struct model *m, int n) {
@@ -299,13 +310,7 @@ int cmd_bench(int argc, char **argv) {
     random_ids(prompt, 54, c->vocab_size);
     for (int r = 0; r < reps; r++) {
         struct engine_request rq;
-        memset(&rq, 0, sizeof rq);
-        rq.prompt = prompt;
-        rq.n_prompt = 54;
-        rq.max_tokens = 1;
-        sampler_params_default(&rq.sampling);
-        rq.sampling.temperature = 0;
-        rq.ignore_eos = 1;
+        bench_request(&rq, prompt, 54, 1);
         struct engine_result res;
         if (engine_generate(e, &rq, &res, &err) != 0) {
             fprintf(stderr, "strata bench: engine: %s\n", err.msg);
@@ -321,17 +326,12 @@ int cmd_bench(int argc, char **argv) {
     for (int smp = 0; smp < 2; smp++) {
         for (int r = 0; r < 3; r++) {
             struct engine_request rq;
-            memset(&rq, 0, sizeof rq);
-            rq.prompt = prompt;
-            rq.n_prompt = 54;
-            rq.max_tokens = 129;
-            sampler_params_default(&rq.sampling);
+            bench_request(&rq, prompt, 54, 129);
             rq.sampling.temperature = smp ? 0.7f : 0.0f;
             rq.sampling.top_p = smp ? 0.8f : 1.0f;
             rq.sampling.top_k = smp ? 20 : 0;
             rq.sampling.presence_penalty = smp ? 1.5f : 0.0f;
             rq.sampling.seed = 1 + r;
-            rq.ignore_eos = 1;
             struct engine_result res;
             v[r] = engine_generate(e, &rq, &res, &err) == 0 ? res.timings.predicted_per_second : -1;
         }
@@ -397,13 +397,7 @@ int cmd_bench(int argc, char **argv) {
         engine_set_prefix_reuse(e16, 0);
         for (int r = 0; r < 2; r++) {
             struct engine_request rq;
-            memset(&rq, 0, sizeof rq);
-            rq.prompt = ids;
-            rq.n_prompt = 16384;
-            rq.max_tokens = 1;
-            sampler_params_default(&rq.sampling);
-            rq.sampling.temperature = 0;
-            rq.ignore_eos = 1;
+            bench_request(&rq, ids, 16384, 1);
             struct engine_result res;
             v[r] = engine_generate(e16, &rq, &res, &err) == 0 ? res.ttft_ms : -1;
         }

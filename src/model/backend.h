@@ -18,6 +18,7 @@
 #ifndef STRATA_BACKEND_H
 #define STRATA_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,17 +70,71 @@ struct backend_sample_state {  /* backend memory */
     uint64_t *mask;             /* ((V + 63) / 64,) allowed tokens (flag MASK) */
 };
 
-/* A uniform in (0, 1) from 24 bits of a hash of (seed, pos, i): the sample op's randomness,
- * the same on every backend (cuda/sample.cu holds a copy for the device). */
-static inline uint64_t backend_mix64(uint64_t z) {
+/* The sample op's arithmetic, shared by the backends so that they draw alike (cuda/sample.cu
+ * compiles these for the device too). */
+#ifdef __CUDACC__
+#define BACKEND_HD __host__ __device__ __forceinline__
+#else
+#define BACKEND_HD inline
+#endif
+
+/* A uniform in (0, 1) from 24 bits of a hash of (seed, pos, i): the sample op's randomness. */
+static BACKEND_HD uint64_t backend_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-static inline float backend_sample_u(uint64_t seed, int pos, int i) {
+static BACKEND_HD float backend_sample_u(uint64_t seed, int pos, int i) {
     const uint64_t h = backend_mix64(seed ^ backend_mix64(((uint64_t)(uint32_t)pos << 32 | (uint32_t)i) +
                                                           0x9e3779b97f4a7c15ull));
     return ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+/* Token i's processed logit from its raw logit l: bias, penalties, mask (NaN: -inf). */
+static BACKEND_HD float backend_sample_logit(const struct backend_sampling *sp,
+                                             const struct backend_sample_state *st, float l, int i) {
+    if (sp->flags & BACKEND_SAMPLE_BIAS) l += st->bias[i];
+    if (sp->flags & BACKEND_SAMPLE_PENALTIES) {
+        const int cnt = st->count[i];
+        if (sp->repetition != 1.0f && (cnt > 0 || st->in_prompt[i]))
+            l = l > 0 ? l / sp->repetition : l * sp->repetition;
+        if (cnt > 0) l -= sp->presence + sp->frequency * (float)cnt;
+    }
+    if ((sp->flags & BACKEND_SAMPLE_MASK) && !(st->mask[i / 64] >> (i % 64) & 1)) l = -INFINITY;
+    return l != l ? -INFINITY : l;
+}
+
+/* Its sort key: the processed logit, or with top_k 0 the Gumbel-perturbed l / T of position pos. */
+static BACKEND_HD float backend_sample_key(const struct backend_sampling *sp, float l, int pos, int i) {
+    return sp->top_k == 0 ? l / sp->temperature - logf(-logf(backend_sample_u(sp->seed, pos, i))) : l;
+}
+
+/* The draw among the best kk (<= BACKEND_SAMPLE_KMAX) processed logits l[0..kk), descending:
+ * top_p over their mass, min_p, then r = u * (kept mass) walked in order; the index drawn. */
+static BACKEND_HD int backend_sample_draw(const struct backend_sampling *sp, const float *l, int kk, float u) {
+    if (kk < 1 || !(l[0] > -INFINITY)) return 0;
+    float p[BACKEND_SAMPLE_KMAX], z = 0.0f;
+    for (int i = 0; i < kk; i++) z += p[i] = expf((l[i] - l[0]) / sp->temperature);
+    int m = kk;
+    if (sp->top_p < 1.0f) {
+        float cum = 0.0f;
+        for (int i = 0; i < kk; i++)
+            if ((cum += p[i]) >= sp->top_p * z) {
+                m = i + 1;
+                break;
+            }
+    }
+    if (sp->min_p > 0.0f) {
+        int w = 0;
+        while (w < m && p[w] >= sp->min_p) w++;
+        m = w > 0 ? w : 1;
+    }
+    float zk = 0.0f, cum = 0.0f;
+    for (int i = 0; i < m; i++) zk += p[i];
+    const float r = u * zk;
+    for (int i = 0; i < m; i++)
+        if (r < (cum += p[i])) return i;
+    return m - 1; /* rounding left r at the very end */
 }
 
 struct backend_ops {

@@ -464,52 +464,18 @@ static void cpu_sample(struct backend *be, int32_t *out, const uint16_t *x, int 
     struct scand c[BACKEND_SAMPLE_KMAX] = {{0}}; /* the best k so far, in order */
     int nc = 0;
     for (int i = 0; i < n; i++) {
-        float l = bf16_to_f32(x[i]);
-        if (sp.flags & BACKEND_SAMPLE_BIAS) l += st->bias[i];
-        if (sp.flags & BACKEND_SAMPLE_PENALTIES) {
-            const int cnt = st->count[i];
-            if (sp.repetition != 1.0f && (cnt > 0 || st->in_prompt[i]))
-                l = l > 0 ? l / sp.repetition : l * sp.repetition;
-            if (cnt > 0) l -= sp.presence + sp.frequency * (float)cnt;
-        }
-        if ((sp.flags & BACKEND_SAMPLE_MASK) && !(st->mask[i / 64] >> (i % 64) & 1)) l = -INFINITY;
-        if (l != l) l = -INFINITY; /* NaN: never drawn */
-        float key = l;
-        if (sp.top_k == 0) key = l / sp.temperature - logf(-logf(backend_sample_u(sp.seed, at, i)));
-        const struct scand v = {key, l, i};
+        const float l = backend_sample_logit(&sp, st, bf16_to_f32(x[i]), i);
+        const struct scand v = {backend_sample_key(&sp, l, at, i), l, i};
         if (nc == k && !scand_before(&v, &c[k - 1])) continue;
         int j = nc < k ? nc++ : k - 1;
         for (; j > 0 && scand_before(&v, &c[j - 1]); j--) c[j] = c[j - 1];
         c[j] = v;
     }
     int32_t choice = c[0].id;
-    if (sp.top_k > 0 && c[0].l > -INFINITY) {
-        float p[BACKEND_SAMPLE_KMAX] = {0}, z = 0.0f;
-        const int kk = nc;
-        for (int i = 0; i < kk; i++) z += p[i] = expf((c[i].l - c[0].l) / sp.temperature);
-        int m = kk;
-        if (sp.top_p < 1.0f) {
-            float cum = 0.0f;
-            for (int i = 0; i < kk; i++)
-                if ((cum += p[i]) >= sp.top_p * z) {
-                    m = i + 1;
-                    break;
-                }
-        }
-        if (sp.min_p > 0.0f) {
-            int w = 0;
-            while (w < m && p[w] >= sp.min_p) w++;
-            m = w > 0 ? w : 1;
-        }
-        float zk = 0.0f, cum = 0.0f;
-        for (int i = 0; i < m; i++) zk += p[i];
-        const float r = backend_sample_u(sp.seed, at, n) * zk;
-        choice = c[m - 1].id;
-        for (int i = 0; i < m; i++)
-            if (r < (cum += p[i])) {
-                choice = c[i].id;
-                break;
-            }
+    if (sp.top_k > 0) {
+        float l[BACKEND_SAMPLE_KMAX];
+        for (int i = 0; i < nc; i++) l[i] = c[i].l;
+        choice = c[backend_sample_draw(&sp, l, nc, backend_sample_u(sp.seed, at, n))].id;
     }
     *out = choice;
     st->count[choice]++;

@@ -12,18 +12,6 @@
 #define SAMPLE_SLICE 4096 /* SAMPLE_BLOCKS x SAMPLE_SLICE == BACKEND_SAMPLE_VMAX */
 #define SAMPLE_THREADS 512
 
-/* backend.h's backend_sample_u, for the device */
-static __device__ __forceinline__ unsigned long long mix64_d(unsigned long long z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static __device__ __forceinline__ float sample_u_d(unsigned long long seed, int pos, int i) {
-    const unsigned long long h =
-        mix64_d(seed ^ mix64_d(((unsigned long long)(unsigned)pos << 32 | (unsigned)i) + 0x9e3779b97f4a7c15ull));
-    return ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
-}
-
 static __device__ __forceinline__ bool before(float ka, int ia, float kb, int ib) {
     return ka > kb || (ka == kb && ia < ib);
 }
@@ -69,10 +57,11 @@ static __device__ __forceinline__ int pow2_at_least(int c) {
     return S;
 }
 
-/* Pads [c, S) with entries that sort last and sorts the first S. */
-static __device__ void sort_cands(float *key, int *id, int c) {
+/* Pads [c, max(S, k)) with entries that sort last (the best k are read after) and sorts the
+ * first S. */
+static __device__ void sort_cands(float *key, int *id, int c, int k) {
     const int S = pow2_at_least(c);
-    for (int s = c + threadIdx.x; s < S; s += blockDim.x) key[s] = -INFINITY, id[s] = 0x7fffffff;
+    for (int s = c + threadIdx.x; s < (S > k ? S : k); s += blockDim.x) key[s] = -INFINITY, id[s] = 0x7fffffff;
     __syncthreads();
     bitonic(key, id, S);
 }
@@ -101,19 +90,7 @@ sample_kernel(int32_t *out, const uint16_t *x, int n, struct backend_sample_stat
     for (int t = 0; t < PER; t++) {
         const int i = lo + threadIdx.x + t * SAMPLE_THREADS;
         float kk = -INFINITY;
-        if (i < n) {
-            float l = bf2f(x[i]);
-            if (sp.flags & BACKEND_SAMPLE_BIAS) l += st.bias[i];
-            if (sp.flags & BACKEND_SAMPLE_PENALTIES) {
-                const int cnt = st.count[i];
-                if (sp.repetition != 1.0f && (cnt > 0 || st.in_prompt[i]))
-                    l = l > 0 ? l / sp.repetition : l * sp.repetition;
-                if (cnt > 0) l -= sp.presence + sp.frequency * (float)cnt;
-            }
-            if ((sp.flags & BACKEND_SAMPLE_MASK) && !(st.mask[i / 64] >> (i % 64) & 1)) l = -INFINITY;
-            if (l != l) l = -INFINITY;
-            kk = sp.top_k == 0 ? l / sp.temperature - logf(-logf(sample_u_d(sp.seed, at, i))) : l;
-        }
+        if (i < n) kk = backend_sample_key(&sp, backend_sample_logit(&sp, &st, bf2f(x[i]), i), at, i);
         kv[t] = kk;
         tm = fmaxf(tm, kk);
     }
@@ -131,7 +108,7 @@ sample_kernel(int32_t *out, const uint16_t *x, int n, struct backend_sample_stat
         }
     }
     __syncthreads();
-    sort_cands(key, id, nc);
+    sort_cands(key, id, nc, k);
     float *pk = part + (size_t)blockIdx.x * BACKEND_SAMPLE_KMAX * 2;
     for (int j = threadIdx.x; j < k; j += blockDim.x) { /* past nc: the padding, sorted last */
         pk[2 * j] = key[j];
@@ -166,37 +143,13 @@ sample_kernel(int32_t *out, const uint16_t *x, int n, struct backend_sample_stat
         }
     }
     __syncthreads();
-    sort_cands(key, id, nc);
+    sort_cands(key, id, nc, k);
     if (threadIdx.x != 0) return;
     int choice = id[0];
-    const float *lv = key;
-    if (sp.top_k > 0 && lv[0] > -INFINITY) { /* as cpu_sample, in the same float order */
-        float p[BACKEND_SAMPLE_KMAX], z = 0.0f;
+    if (sp.top_k > 0) { /* as cpu_sample */
         int kk = 0;
-        for (; kk < k && id[kk] != 0x7fffffff; kk++) z += p[kk] = expf((lv[kk] - lv[0]) / sp.temperature);
-        int m = kk;
-        if (sp.top_p < 1.0f) {
-            float cum = 0.0f;
-            for (int i = 0; i < kk; i++)
-                if ((cum += p[i]) >= sp.top_p * z) {
-                    m = i + 1;
-                    break;
-                }
-        }
-        if (sp.min_p > 0.0f) {
-            int w = 0;
-            while (w < m && p[w] >= sp.min_p) w++;
-            m = w > 0 ? w : 1;
-        }
-        float zk = 0.0f, cum = 0.0f;
-        for (int i = 0; i < m; i++) zk += p[i];
-        const float r = sample_u_d(sp.seed, at, n) * zk;
-        choice = id[m - 1];
-        for (int i = 0; i < m; i++)
-            if (r < (cum += p[i])) {
-                choice = id[i];
-                break;
-            }
+        while (kk < k && id[kk] != 0x7fffffff) kk++;
+        choice = id[backend_sample_draw(&sp, key, kk, backend_sample_u(sp.seed, at, n))];
     }
     if (choice == 0x7fffffff) choice = 0;
     *out = choice;
