@@ -12,6 +12,7 @@
 #   run(carry=[".carry/server"]): bash bench/multiturn.sh run      # on the GPU machine
 #   run(carry=[".carry/server/debs", ".carry/tc"]): bash bench/multiturn.sh testcache
 #   run(carry=[".carry/server"]): bash bench/multiturn.sh sampling  # greedy vs sampled over HTTP
+#   run(carry=[".carry/server"]): bash bench/multiturn.sh concurrency  # 1-64 streaming clients
 # (the tree and both binaries with the debs pass the 64 MiB a call carries)
 # Output: $OUT/multiturn.md, $OUT/multiturn.json. Env: SIZE (4b), CTX (32768), MAXTOK (48).
 set -uo pipefail
@@ -102,6 +103,15 @@ for name, fields in cases:
 PY
     kill $pid; wait $pid
     ;;
+concurrency) # bench/concurrency.py: 1, 4, 16, 64 streaming clients (carry .carry/server)
+    setup
+    port=18082
+    serve $port "$OUT/serve-concurrency.log" --ctx 8192 --test-forced-output
+    timeout 300 python3 bench/concurrency.py --url "http://127.0.0.1:$port" --forced \
+        --clients "${CLIENTS:-1,4,16,64}" --max-tokens "${MAXTOK:-64}" --json "$OUT/concurrency.json" \
+        | tee "$OUT/concurrency.md"
+    kill $pid; wait $pid
+    ;;
 testcache) # tests/test_cache.c on the CUDA backend: carry .carry/server/debs and .carry/tc
     OUT=${OUT:-/tmp/strata-gpu-out}
     mkdir -p "$OUT"
@@ -110,7 +120,7 @@ testcache) # tests/test_cache.c on the CUDA backend: carry .carry/server/debs an
     STRATA_TEST_BACKEND=cuda timeout 120 .carry/tc/test_cache 2>&1 | tail -12 | tee "$OUT/test_cache.txt"
     ;;
 *)
-    echo "usage: bash bench/multiturn.sh stage|run|testcache|sampling" >&2
+    echo "usage: bash bench/multiturn.sh stage|run|testcache|sampling|concurrency" >&2
     exit 2
     ;;
 esac
