@@ -390,6 +390,23 @@ int cmd_bench(int argc, char **argv) {
             for (int r = 0; r < 2; r++) v[r] = time_prefill(m, long_pp[k], 1, &err);
             long_ms[k] = v[0] < v[1] ? v[0] : v[1];
         }
+    /* per-op time of a 4,096- and a 16,384-token prefill (ops one by one with events) */
+    char *pre_breakdown = NULL;
+#ifdef STRATA_CUDA
+    size_t pre_len = 0;
+    if (long_ctx && is_cuda(m)) {
+        FILE *f = open_memstream(&pre_breakdown, &pre_len);
+        for (int k = 0; k < 2; k++) {
+            if (long_pp[k] + 1 > ctx) continue;
+            fprintf(f, "\nper-op time of a %d-token prefill:\n\n", long_pp[k]);
+            backend_cuda_profile(be, 1);
+            time_prefill(m, long_pp[k], 1, &err);
+            backend_cuda_profile_report(be, f, 1);
+            backend_cuda_profile(be, 0);
+        }
+        fclose(f);
+    }
+#endif
     if (long_ctx && ctx > 16384 + 1) {
         int32_t *ids = xmalloc(16384 * sizeof *ids);
         random_ids(ids, 16384, c->vocab_size);
@@ -428,6 +445,8 @@ int cmd_bench(int argc, char **argv) {
     printf("backend %s, device %s (%d SMs), context %d, max_T %d, STRATA_PDL=%s\n", be->ops->name,
            dev, n_sm, ctx, be->max_T, pdl ? pdl : "(unset: on)");
     if (breakdown) printf("\nper-op time of one decode step at ~350 tokens of context:\n\n%s\n", breakdown);
+    if (pre_breakdown) printf("%s\n", pre_breakdown);
+    free(pre_breakdown);
     printf("\n| measure | value |\n|---|---|\n");
     printf("| pp%d prefill | %.0f tok/s (%.2f ms) |\n", pp, pp / pp_ms * 1000, pp_ms);
     printf("| tg128 decode | %.1f tok/s (%.3f ms/token) |\n", tg, tg_ms / 128);
