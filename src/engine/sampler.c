@@ -1,7 +1,7 @@
 /* sampler.c - penalties, temperature, top_k / top_p / min_p filtering and a seeded draw (see
  * sampler.h for the order, which is Hugging Face's). Costs O(vocab) per token and never sorts
  * the vocabulary: one vectorised pass computes exp(logit - max); top_k keeps a k-element heap;
- * top_p first gathers the tokens within a factor 1e-3 of the best (then 1e-6, 1e-9, all) and
+ * top_p gathers the tokens of the probability buckets the nucleus reaches (nucleus_gather) and
  * sorts only those, which is exact because the nucleus is a prefix of the descending order:
  * once the gathered tokens hold the top_p mass, no token outside them can be in the nucleus. */
 #include "sampler.h"
@@ -241,6 +241,38 @@ static int top_k_select(const float *prob, int V, int k, struct cand *c) {
     return n;
 }
 
+/* The nucleus of prob[0..V) (the smallest prefix of the descending order, ties by lower id,
+ * whose mass reaches target) into c, without sorting the vocabulary: a histogram of the
+ * probabilities by their float bits (positive floats order as their bits: the exponent and 4
+ * mantissa bits, 2,048 buckets) finds the bucket where the prefix reaches target; the tokens of
+ * the buckets above it are all in (gathered in id order), and only that bucket's tokens are
+ * sorted to find the cut. O(V) plus a sort of one bucket (a flat distribution's nucleus of
+ * ~10^5 tokens was sorted whole before). Returns the count. */
+#define NUCLEUS_BUCKETS 2048
+static int nucleus_bucket(float p) {
+    uint32_t b;
+    memcpy(&b, &p, sizeof b);
+    return (int)(b >> 19) & (NUCLEUS_BUCKETS - 1); /* p in (0, 1]: bits up to 0x3f800000 */
+}
+static int nucleus_gather(const float *prob, int V, double target, struct cand *c) {
+    double mass[NUCLEUS_BUCKETS] = {0};
+    for (int i = 0; i < V; i++)
+        if (prob[i] > 0) mass[nucleus_bucket(prob[i])] += prob[i];
+    int lo = NUCLEUS_BUCKETS - 1;
+    double above = 0;
+    while (lo > 0 && above + mass[lo] < target) above += mass[lo--];
+    int n = 0;
+    double cum = 0;
+    for (int i = 0; i < V; i++)
+        if (prob[i] > 0 && nucleus_bucket(prob[i]) > lo) c[n].p = prob[i], c[n++].id = i, cum += prob[i];
+    int nb = n;
+    for (int i = 0; i < V; i++)
+        if (prob[i] > 0 && nucleus_bucket(prob[i]) == lo) c[nb].p = prob[i], c[nb++].id = i;
+    qsort(c + n, (size_t)(nb - n), sizeof *c, cand_cmp);
+    while (n < nb && cum < target) cum += c[n++].p; /* HF: up to the token that reaches it */
+    return n > 0 ? n : nb;
+}
+
 int32_t sampler_sample(struct sampler *s, float *logits) {
     const int V = s->vocab_size;
     for (int i = 0; i < s->p.n_bias; i++)
@@ -270,29 +302,18 @@ int32_t sampler_sample(struct sampler *s, float *logits) {
             for (int i = 0; i < n; i++) z += c[i].p;
         }
         const double target = (double)s->p.top_p * z;
-        if (all) { /* gather the likely tokens; widen until they hold the top_p mass */
-            static const float thr[] = {1e-3f, 1e-6f, 1e-9f, 0.0f};
-            for (int t = 0; t < 4; t++) {
-                double mass = 0;
-                n = 0;
-                for (int i = 0; i < V; i++)
-                    if (prob[i] >= thr[t] && prob[i] > 0) {
-                        c[n].p = prob[i];
-                        c[n++].id = i;
-                        mass += prob[i];
-                    }
-                if (mass >= target || thr[t] == 0.0f) break;
-            }
-            qsort(c, (size_t)n, sizeof *c, cand_cmp);
+        if (all) { /* the nucleus without sorting the vocabulary (nucleus_gather) */
+            n = nucleus_gather(prob, V, target, c);
             all = 0;
-        }
-        double cum = 0;
-        for (int i = 0; i < n; i++) {
-            cum += c[i].p;
-            /* HF TopPLogitsProcessor keeps the smallest prefix whose mass reaches top_p */
-            if (cum >= target) {
-                n = i + 1;
-                break;
+        } else {
+            double cum = 0;
+            for (int i = 0; i < n; i++) {
+                cum += c[i].p;
+                /* HF TopPLogitsProcessor keeps the smallest prefix whose mass reaches top_p */
+                if (cum >= target) {
+                    n = i + 1;
+                    break;
+                }
             }
         }
     }
