@@ -168,7 +168,7 @@ if has bench && [ $build_ok = 1 ]; then
             STRATA_PDL=0 $BUILD/strata bench --model "$MODELS/$s" ${BENCH_ARGS:-} >"$LOG/bench-$s.md" 2>>"$LOG/bench-$s.err"
         fi
         tail -3 "$LOG/bench-$s.err"
-        note "bench $s: $(grep -E '^\| (tg128|pp512|engine TTFT|engine decode|tg128 sampled|prefill [0-9]+ |decode at|KV cache|32k / 512|bandwidth|launches per decode)' "$LOG/bench-$s.md" | sed 's/^| //; s/ |$//; s/ | /: /' | tr '\n' ';')"
+        note "bench $s: $(grep -E '^\| (tg128|pp512|engine TTFT|engine decode|tg128 sampled|tg128 with logprobs|prefill [0-9]+ |decode at|KV cache|32k / 512|bandwidth|launches per decode)' "$LOG/bench-$s.md" | sed 's/^| //; s/ |$//; s/ | /: /' | tr '\n' ';')"
     done
     cat "$LOG"/bench-*.md >"$OUT/bench.md" 2>/dev/null
 fi

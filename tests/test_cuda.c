@@ -876,6 +876,28 @@ static void check_sample(void) {
                cases[k].top_k, cases[k].top_p, cases[k].min_p, cases[k].temperature, cases[k].flags, agree, N);
         free(cnt[0]), free(cnt[1]);
     }
+    /* the logprobs op: log sum exp (fp32 sums in another order: 1e-4 relative), the chosen
+     * token's logit and the top 20 exact */
+    for (int k = 0; k <= 20; k += 20) {
+        float outs[2][2 + 2 * BACKEND_LOGPROBS_KMAX];
+        for (int b = 0; b < 2; b++) {
+            struct backend *be = bes[b];
+            void *dx = up(be, x, (size_t)V * 2);
+            int32_t ch = 12345;
+            int32_t *dch = (int32_t *)up(be, &ch, 4);
+            float *dout = (float *)be->ops->alloc(be, sizeof outs[b]);
+            be->ops->logprobs(be, dout, (const uint16_t *)dx, V, k, dch);
+            float *o = (float *)down(be, dout, sizeof outs[b]);
+            memcpy(outs[b], o, sizeof outs[b]);
+            free(o);
+            be->ops->free(be, dx), be->ops->free(be, dch), be->ops->free(be, dout);
+        }
+        EXPECT(fabsf(outs[1][0] - outs[0][0]) <= 1e-4f * fabsf(outs[0][0]) + 1e-4f,
+               "logprobs k %d: lse %.6f vs CPU %.6f", k, outs[1][0], outs[0][0]);
+        EXPECT(outs[1][1] == outs[0][1], "logprobs k %d: the chosen logit", k);
+        EXPECT(memcmp(outs[1] + 2, outs[0] + 2, (size_t)2 * k * 4) == 0, "logprobs k %d: the top k differ", k);
+        printf("  logprobs k %d: lse %.6f (CPU %.6f)\n", k, outs[1][0], outs[0][0]);
+    }
     free(x), free(bias), free(count0), free(inp), free(mask);
     bes[1]->ops->destroy(bes[1]);
     bes[0]->ops->destroy(bes[0]);

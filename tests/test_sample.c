@@ -4,7 +4,7 @@
  * two-sample chi-square test, bins of fewer than 10 draws merged, at p = 1e-5: a correct pair
  * fails with negligible probability; the test shows it rejects a wrong temperature), for each
  * filter and their combinations with penalties, bias and a grammar's mask; the same seed and position give the
- * same token; the op counts its choice. */
+ * same token; the op counts its choice; the logprobs op against a direct computation. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +205,26 @@ int main(void) {
         be->ops->sample(be, &o1, x, V, &st, &p, 0);
         be->ops->sample(be, &o2, x, V, &st, NULL, 10);
         EXPECT(p == 10 && o1 == o2, "step form: pos %d, %d vs %d", p, o1, o2);
+    }
+    /* the logprobs op: log sum exp, the chosen token's logit and the top k, against a direct
+     * computation in double */
+    {
+        double mx = -INFINITY, z = 0;
+        for (int i = 0; i < V; i++) mx = xf[i] > mx ? xf[i] : mx;
+        for (int i = 0; i < V; i++) z += exp(xf[i] - mx);
+        const double lse = mx + log(z);
+        float out[2 + 2 * BACKEND_LOGPROBS_KMAX];
+        int32_t chosen = 321;
+        be->ops->logprobs(be, out, x, V, 20, &chosen);
+        EXPECT(fabs(out[0] - lse) < 1e-4, "logprobs: lse %.6f, want %.6f", out[0], lse);
+        EXPECT(out[1] == xf[chosen], "logprobs: the chosen logit %g, want %g", out[1], xf[chosen]);
+        int ok = 1;
+        for (int j = 0; j < 20; j++) {
+            int32_t id;
+            memcpy(&id, &out[22 + j], sizeof id);
+            ok &= id == rank[j] && out[2 + j] == xf[rank[j]];
+        }
+        EXPECT(ok, "logprobs: the top 20 are not the 20 largest logits in order");
     }
     be->ops->destroy(be);
     return TEST_DONE();

@@ -52,6 +52,7 @@ struct backend_snap {
  * pos is the position of the token chosen (the same seed and logits give the same token on
  * replay). Other filter combinations stay with the host sampler. */
 #define BACKEND_SAMPLE_KMAX 64
+#define BACKEND_LOGPROBS_KMAX 20 /* OpenAI's top_logprobs at most */
 #define BACKEND_SAMPLE_VMAX 262144 /* 64 blocks of 4096 tokens on CUDA */
 enum { BACKEND_SAMPLE_BIAS = 1, BACKEND_SAMPLE_PENALTIES = 2, BACKEND_SAMPLE_MASK = 4 };
 struct backend_sampling {
@@ -228,6 +229,12 @@ struct backend_ops {
      * then *pos += 1 and the choice is posted); without pos, at host_pos. NULL: not offered. */
     void (*sample)(struct backend *be, int32_t *out, const uint16_t *x, int n,
                    const struct backend_sample_state *st, int32_t *pos, int host_pos);
+    /* Log-probabilities of the raw logits x[0..n) (bf16): out[0] = log sum exp x, out[1] =
+     * x[*chosen] (chosen: a device int, the token drawn), then the k (<= BACKEND_LOGPROBS_KMAX)
+     * largest x descending (ties: lower id) in out[2 ..), their ids (int bits) in out[2 + k ..).
+     * NULL: not offered. */
+    void (*logprobs)(struct backend *be, float *out, const uint16_t *x, int n, int k,
+                     const int32_t *chosen);
 };
 
 struct backend {

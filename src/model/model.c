@@ -92,6 +92,8 @@ struct model {
                          argmax also advanced pos_dev[0] to pos */
     struct backend_sample_state samp; /* model_sample_begin's (allocated at its first call) */
     struct backend_sampling samp_host; /* the parameters as last uploaded to samp.params */
+    float *lp_out;       /* model_logprobs: the op's output (2 + 2 BACKEND_LOGPROBS_KMAX,) */
+    int32_t *lp_chosen;  /* ... and the chosen token (1,) */
     int64_t n_posts;  /* steps run: each posts its choice */
     struct gen_defaults gen; /* generation_config.json */
     int logits_pos;   /* m->logits row 0 holds the logits of the current sequence at this
@@ -452,7 +454,9 @@ void model_free(struct model *m) {
         /* every buffer was allocated on this backend; destroying it releases them all only on
          * backends that track allocations, so free them one by one */
         void *bufs[] = {m->embed_tokens, m->norm, m->h, m->proj, m->mix, m->mlp,
-                        m->logits, m->pos_dev}; /* ids: inside pos_dev's */
+                        m->logits, m->pos_dev, /* ids: inside pos_dev's */
+                        m->samp.params, m->samp.bias, m->samp.count, m->samp.in_prompt,
+                        m->samp.mask, m->lp_out, m->lp_chosen};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) be->ops->free(be, bufs[i]);
         for (int i = 0; i < m->n_seqs; i++) {
@@ -879,6 +883,28 @@ int32_t model_step_sample(struct model *m) {
     const int32_t id = m->be->ops->choice_wait(m->be, post);
     CHECK(id >= 0 && id < m->config.vocab_size);
     return id;
+}
+
+int model_logprobs(struct model *m, int k, int32_t chosen, float *lse, float *chosen_logit,
+                   int32_t *top_ids, float *top_logits) {
+    struct backend *be = m->be;
+    if (!be->ops->logprobs) return -1;
+    CHECK(k >= 0 && k <= BACKEND_LOGPROBS_KMAX && chosen >= 0 && chosen < m->config.vocab_size);
+    if (!m->lp_out) {
+        m->lp_out = be->ops->alloc(be, (2 + 2 * BACKEND_LOGPROBS_KMAX) * sizeof(float));
+        m->lp_chosen = be->ops->alloc(be, sizeof(int32_t));
+    }
+    be->ops->upload(be, m->lp_chosen, &chosen, sizeof chosen);
+    be->ops->logprobs(be, m->lp_out, m->logits, m->config.vocab_size, k, m->lp_chosen);
+    float out[2 + 2 * BACKEND_LOGPROBS_KMAX];
+    be->ops->download(be, out, m->lp_out, (2 + 2 * (size_t)k) * sizeof(float));
+    *lse = out[0];
+    *chosen_logit = out[1];
+    for (int j = 0; j < k; j++) {
+        top_logits[j] = out[2 + j];
+        memcpy(&top_ids[j], &out[2 + k + j], sizeof top_ids[j]);
+    }
+    return 0;
 }
 
 void model_logits(struct model *m, float *out) {

@@ -127,6 +127,13 @@ int32_t model_step_sample(struct model *m);
  * all; a draw under a mask is made by model_sample, never run ahead (model_step_sample). */
 void model_sample_mask(struct model *m, const uint64_t *mask);
 
+/* Log-probabilities of the current (raw) logits on the backend: *lse = log sum exp, the chosen
+ * token's logit, and the k (<= BACKEND_LOGPROBS_KMAX, 20) largest logits with their ids, most
+ * likely first (a token's log-probability is its logit - *lse). -1 when the backend has no such
+ * op (the caller then reads the logits). */
+int model_logprobs(struct model *m, int k, int32_t chosen, float *lse, float *chosen_logit,
+                   int32_t *top_ids, float *top_logits);
+
 /* Copies the current logits as float (vocab_size,). */
 void model_logits(struct model *m, float *out);
 

@@ -486,6 +486,37 @@ static void cpu_sample(struct backend *be, int32_t *out, const uint16_t *x, int 
     }
 }
 
+static void cpu_logprobs(struct backend *be, float *out, const uint16_t *x, int n, int k,
+                         const int32_t *chosen) {
+    (void)be;
+    CHECK(k >= 0 && k <= BACKEND_LOGPROBS_KMAX && n >= 1);
+    struct scand c[BACKEND_LOGPROBS_KMAX + 1] = {{0}};
+    int nc = 0;
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const float l = bf16_to_f32(x[i]);
+        if (l == l && l > mx) mx = l;
+    }
+    double z = 0;
+    for (int i = 0; i < n; i++) {
+        float l = bf16_to_f32(x[i]);
+        if (l != l) l = -INFINITY;
+        z += exp((double)l - mx);
+        const struct scand v = {l, l, i};
+        if (k == 0 || (nc == k && !scand_before(&v, &c[k - 1]))) continue;
+        int j = nc < k ? nc++ : k - 1;
+        for (; j > 0 && scand_before(&v, &c[j - 1]); j--) c[j] = c[j - 1];
+        c[j] = v;
+    }
+    out[0] = (float)(mx + log(z));
+    out[1] = bf16_to_f32(x[*chosen]);
+    for (int j = 0; j < k; j++) {
+        int32_t id = j < nc ? c[j].id : 0;
+        out[2 + j] = j < nc ? c[j].l : -INFINITY;
+        memcpy(&out[2 + k + j], &id, sizeof id);
+    }
+}
+
 static int32_t cpu_choice_wait(struct backend *be, int64_t n) {
     struct cpu *cpu = cpu_of(be);
     CHECK(n >= 1 && n <= cpu->n_posts && n > cpu->n_posts - BACKEND_POSTS);
@@ -520,6 +551,7 @@ static const struct backend_ops cpu_ops = {
     .argmax = cpu_argmax,
     .choice_wait = cpu_choice_wait,
     .sample = cpu_sample,
+    .logprobs = cpu_logprobs,
 };
 
 struct backend *backend_cpu_create(const struct config *c, int max_ctx, int max_T, int n_threads) {

@@ -655,6 +655,12 @@ static void op_sample(struct backend *be, int32_t *out, const uint16_t *x, int n
     PROF("sample", cuda_sample(cu, out, x, n, st, pos, host_pos));
 }
 
+static void op_logprobs(struct backend *be, float *out, const uint16_t *x, int n, int k,
+                        const int32_t *chosen) {
+    struct cuda *cu = cuda_of(be);
+    PROF("logprobs", cuda_logprobs(cu, out, x, n, k, chosen));
+}
+
 /* Spins on the mailbox slot of post n (the host's own memory, written by the argmax kernel);
  * now and then asks whether the stream is done, so a device error aborts instead of hanging. */
 static int32_t op_choice_wait(struct backend *be, int64_t n) {
@@ -714,6 +720,7 @@ static const struct backend_ops cuda_ops = {
     op_argmax,
     op_choice_wait,
     op_sample,
+    op_logprobs,
 };
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -818,7 +825,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->early_cnt = (int *)dev_alloc(cu, 2 * CUDA_EARLY_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");
     cu->argmax_part = (float *)dev_alloc(cu, CUDA_ARGMAX_BLOCKS * 2 * sizeof(float), "argmax scratch");
-    cu->sample_part = (float *)dev_alloc(cu, (size_t)(BACKEND_SAMPLE_VMAX / 4096) * BACKEND_SAMPLE_KMAX * 2 * sizeof(float),
+    cu->sample_part = (float *)dev_alloc(cu, (size_t)(BACKEND_SAMPLE_VMAX / 4096) * (BACKEND_SAMPLE_KMAX + 1) * 2 * sizeof(float),
                                          "sample scratch");
     cu->n_posts = (unsigned *)dev_alloc(cu, sizeof(unsigned), "argmax posts");
     void *mail_dev = NULL;

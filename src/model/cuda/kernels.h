@@ -132,11 +132,12 @@ struct cuda {
                           blocks done (cuda_gemv_early; both back at zero after each step) */
     const void *early_key[CUDA_EARLY_SLOTS]; /* the layer of each pair: its input projection
                                                 (the weights: every sequence shares them) */
-    int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [1] sample, [8, 9]
+    int *counters;     /* (256,) last-block counters, always left at zero: [0] argmax, [1] sample, [2] logprobs, [8, 9]
                           the GEMV tail (cuda_gemv_job.tail_ctr), [64 ..) attention decode */
     size_t scratch_bytes; /* device bytes of everything above, allocated at creation */
     float *argmax_part; /* (CUDA_ARGMAX_BLOCKS, 2) value, index */
-    float *sample_part; /* (64 blocks, BACKEND_SAMPLE_KMAX, 2) key, id: sample.cu */
+    float *sample_part; /* (64 blocks, BACKEND_SAMPLE_KMAX, 2) key, id, then (64, 2) max, sum:
+                           sample.cu */
     unsigned *n_posts;  /* (1,) argmax choices posted so far (device) */
     unsigned long long *mail, *mail_dev; /* (BACKEND_POSTS,) pinned, mapped: post n at n %
                                             BACKEND_POSTS as n << 32 | choice */
@@ -178,6 +179,7 @@ void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table, const int
 void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int32_t *pos);
 void cuda_sample(struct cuda *cu, int32_t *out, const uint16_t *x, int n,
                  const struct backend_sample_state *st, int32_t *pos, int host_pos);
+void cuda_logprobs(struct cuda *cu, float *out, const uint16_t *x, int n, int k, const int32_t *chosen);
 void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
                   int K, float eps);
 

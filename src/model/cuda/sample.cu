@@ -164,6 +164,123 @@ sample_kernel(int32_t *out, const uint16_t *x, int n, struct backend_sample_stat
     }
 }
 
+/* Block reductions over SAMPLE_THREADS values (the result in every thread). */
+static __device__ float block_max(float v, float *red) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+    __syncthreads();
+    if (threadIdx.x % WARP_SIZE == 0) red[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads();
+    v = -INFINITY;
+    for (int w = 0; w < SAMPLE_THREADS / WARP_SIZE; w++) v = fmaxf(v, red[w]);
+    return v;
+}
+static __device__ float block_sum(float v, float *red) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+    __syncthreads();
+    if (threadIdx.x % WARP_SIZE == 0) red[threadIdx.x / WARP_SIZE] = v;
+    __syncthreads();
+    v = 0.0f;
+    for (int w = 0; w < SAMPLE_THREADS / WARP_SIZE; w++) v += red[w];
+    return v;
+}
+
+/* The logprobs op (backend.h) as sample_kernel's selection with k <= 20 over the raw logits,
+ * plus each block's (max, sum of exp(l - max)) merged by the last block into log sum exp. */
+static __global__ void __launch_bounds__(SAMPLE_THREADS)
+logprobs_kernel(float *out, const uint16_t *x, int n, int k, const int32_t *chosen, float *part,
+                float *part_lse, int *counter) {
+    constexpr int PER = SAMPLE_SLICE / SAMPLE_THREADS;
+    __shared__ float key[SAMPLE_SLICE];
+    __shared__ int id[SAMPLE_SLICE];
+    __shared__ float tmax[SAMPLE_THREADS], red[SAMPLE_THREADS / WARP_SIZE];
+    __shared__ int last, nc;
+    grid_launch_dependents();
+    grid_dependency_wait(); /* x: the lm_head GEMV before; *chosen: the sample op before */
+    const int lo = blockIdx.x * SAMPLE_SLICE;
+    float kv[PER], tm = -INFINITY;
+#pragma unroll
+    for (int t = 0; t < PER; t++) {
+        const int i = lo + threadIdx.x + t * SAMPLE_THREADS;
+        float l = i < n ? bf2f(x[i]) : -INFINITY;
+        kv[t] = l != l ? -INFINITY : l;
+        tm = fmaxf(tm, kv[t]);
+    }
+    const float bm = block_max(tm, red);
+    float se = 0.0f;
+#pragma unroll
+    for (int t = 0; t < PER; t++) se += bm > -INFINITY ? expf(kv[t] - bm) : 0.0f;
+    se = block_sum(se, red);
+    if (threadIdx.x == 0) part_lse[2 * blockIdx.x] = bm, part_lse[2 * blockIdx.x + 1] = se, nc = 0;
+    tmax[threadIdx.x] = tm;
+    __syncthreads();
+    const int kk = k > 0 ? k : 1;
+    bitonic_keys(tmax);
+    const float thr = tmax[kk - 1];
+#pragma unroll
+    for (int t = 0; t < PER; t++) {
+        const int i = lo + threadIdx.x + t * SAMPLE_THREADS;
+        if (i < n && kv[t] >= thr) {
+            const int slot = atomicAdd(&nc, 1);
+            key[slot] = kv[t], id[slot] = i;
+        }
+    }
+    __syncthreads();
+    sort_cands(key, id, nc, kk);
+    float *pk = part + (size_t)blockIdx.x * BACKEND_SAMPLE_KMAX * 2;
+    for (int j = threadIdx.x; j < kk; j += blockDim.x) pk[2 * j] = key[j], pk[2 * j + 1] = __int_as_float(id[j]);
+    fence_device();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    fence_device();
+    const int nb = gridDim.x;
+    float m2 = -INFINITY, kth = -INFINITY;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        m2 = fmaxf(m2, load_coherent(part_lse + 2 * b));
+        kth = fmaxf(kth, load_coherent(part + ((size_t)b * BACKEND_SAMPLE_KMAX + kk - 1) * 2));
+    }
+    const float M = block_max(m2, red), thr2 = block_max(kth, red);
+    float sum = 0.0f;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        const float mb = load_coherent(part_lse + 2 * b);
+        if (mb > -INFINITY) sum += load_coherent(part_lse + 2 * b + 1) * expf(mb - M);
+    }
+    sum = block_sum(sum, red);
+    if (threadIdx.x == 0) nc = 0;
+    __syncthreads();
+    for (int q = threadIdx.x; q < nb * kk; q += blockDim.x) {
+        const float *e = part + ((size_t)(q / kk) * BACKEND_SAMPLE_KMAX + q % kk) * 2;
+        const float v = load_coherent(e);
+        const int ii = __float_as_int(load_coherent(e + 1));
+        if (v >= thr2 && ii != 0x7fffffff) {
+            const int slot = atomicAdd(&nc, 1);
+            key[slot] = v, id[slot] = ii;
+        }
+    }
+    __syncthreads();
+    sort_cands(key, id, nc, kk);
+    if (threadIdx.x == 0) {
+        out[0] = M + logf(sum);
+        out[1] = bf2f(x[*chosen]);
+        *counter = 0;
+    }
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        out[2 + j] = key[j];
+        out[2 + k + j] = __int_as_float(id[j] == 0x7fffffff ? 0 : id[j]);
+    }
+}
+
+extern "C" void cuda_logprobs(struct cuda *cu, float *out, const uint16_t *x, int n, int k,
+                              const int32_t *chosen) {
+    CHECK(n >= 1 && n <= BACKEND_SAMPLE_VMAX && k >= 0 && k <= BACKEND_LOGPROBS_KMAX);
+    const int blocks = (n + SAMPLE_SLICE - 1) / SAMPLE_SLICE;
+    gpu_launch(cu->pdl, logprobs_kernel, dim3(blocks), dim3(SAMPLE_THREADS), 0, cu->stream, out, x,
+               n, k, chosen, cu->sample_part, cu->sample_part + (size_t)64 * BACKEND_SAMPLE_KMAX * 2,
+               cu->counters + 2);
+    cu->n_launches++;
+}
+
 extern "C" void cuda_sample(struct cuda *cu, int32_t *out, const uint16_t *x, int n,
                             const struct backend_sample_state *st, int32_t *pos, int host_pos) {
     CHECK(n >= 1 && n <= BACKEND_SAMPLE_VMAX);
