@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "text/grammar.h"
 #include "text/tokenizer.h"
 
 /* ---- JSON string escaping ------------------------------------------------------------ */
@@ -185,6 +186,197 @@ static uint64_t next_rand(uint64_t *rng, pthread_mutex_t *mu) {
     return z ^ (z >> 31);
 }
 
+/* ---- constrained decoding: response_format, json_schema, grammar, tool_choice ----------- */
+
+/* response_format {type: text | json_object | json_schema {name, schema, strict}}, and
+ * llama-server's json_schema (a schema) and grammar (GBNF: refused) fields. */
+static int parse_response_format(struct job *j, const json_t *rq, struct api_error *e) {
+    const json_t *v = json_object_get(rq, "response_format");
+    if (v && !json_is_null(v)) {
+        const char *t = json_string_value(json_object_get(v, "type"));
+        if (!json_is_object(v) || !t)
+            return bad(e, "response_format", "'response_format' must be an object with a 'type'");
+        j->rf_param = "response_format";
+        if (!strcmp(t, "json_object")) {
+            j->rf_json_object = 1;
+        } else if (!strcmp(t, "json_schema")) {
+            const json_t *js = json_object_get(v, "json_schema");
+            if (!json_is_object(js))
+                return bad(e, "response_format", "response_format type 'json_schema' needs a "
+                           "'json_schema' object ({\"name\", \"schema\", \"strict\"})");
+            const json_t *st = json_object_get(js, "strict");
+            if (st && !json_is_null(st) && !json_is_boolean(st))
+                return bad(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
+            j->rf_schema = json_object_get(js, "schema");
+            if (!j->rf_schema || json_is_null(j->rf_schema))
+                return bad(e, "response_format", "'response_format.json_schema.schema' is required");
+        } else if (strcmp(t, "text") != 0) {
+            return bad(e, "response_format", "response_format type '%s' is not one of text, "
+                       "json_object, json_schema", QUOTE(t));
+        }
+    }
+    v = json_object_get(rq, "json_schema"); /* llama-server */
+    if (v && !json_is_null(v)) {
+        if (j->rf_schema || j->rf_json_object)
+            return bad(e, "json_schema", "give either 'json_schema' or 'response_format', not both");
+        j->rf_schema = v;
+        j->rf_param = "json_schema";
+    }
+    v = json_object_get(rq, "grammar");
+    if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0))
+        return bad(e, "grammar", "'grammar' (GBNF) is not supported; constrain the output with "
+                   "'response_format' {\"type\": \"json_schema\"} or 'json_schema' instead");
+    return 0;
+}
+
+/* tool_choice "auto" | "none" | "required" | {"type":"function","function":{"name"}} and
+ * parallel_tool_calls; *drop_tools for "none". */
+static int parse_tool_choice(struct job *j, const json_t *rq, int *drop_tools, struct api_error *e) {
+    const json_t *tc = json_object_get(rq, "tool_choice");
+    j->parallel_calls = 1;
+    if (get_bool(rq, "parallel_tool_calls", &j->parallel_calls, e) < 0) return -1;
+    if (!tc || json_is_null(tc)) return 0;
+    const char *s = json_string_value(tc);
+    if (s && !strcmp(s, "none")) {
+        *drop_tools = 1;
+        return 0;
+    }
+    if (s && !strcmp(s, "auto")) return 0;
+    if (s && !strcmp(s, "required")) {
+        j->tools_required = 1;
+    } else if (json_is_object(tc)) {
+        const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        if (!name)
+            return bad(e, "tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}");
+        int found = 0;
+        for (size_t i = 0; j->tools && i < json_array_size(j->tools); i++) {
+            const char *n = json_string_value(json_object_get(json_object_get(json_array_get(j->tools, i), "function"), "name"));
+            if (n && !strcmp(n, name)) found = 1;
+        }
+        if (!found)
+            return bad(e, "tool_choice", "'tool_choice' names the function '%s', which is not in "
+                       "'tools'", QUOTE(name));
+        j->tool_name = name;
+    } else {
+        return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                   "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (!j->tools)
+        return bad(e, "tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
+    return 0;
+}
+
+/* The token table of a tokenizer (every non-special token's bytes) with the model's vocab_size
+ * rows, made once per tokenizer: the trie and the built-in rules' classes live in it. */
+static struct grammar_vocab *vocab_for(const struct tokenizer *tok, const struct model *m) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static struct {
+        const struct tokenizer *tok;
+        int n;
+        struct grammar_vocab *v;
+    } slot[4];
+    const struct config *c = model_config(m);
+    const int n = c->vocab_size;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < 4; i++)
+        if (slot[i].v && slot[i].tok == tok && slot[i].n == n) {
+            pthread_mutex_unlock(&mu);
+            return slot[i].v;
+        }
+    const char **bytes = xcalloc((size_t)n, sizeof *bytes);
+    size_t *len = xcalloc((size_t)n, sizeof *len);
+    for (int i = 0; i < n && i < tokenizer_vocab_size(tok); i++)
+        if (!tokenizer_is_special(tok, i)) bytes[i] = tokenizer_token_bytes(tok, i, &len[i]);
+    int32_t stop[ENGINE_MAX_EOS + 2];
+    int n_stop = 0;
+    for (int i = 0; i < c->n_eos_token_id && n_stop < ENGINE_MAX_EOS; i++) stop[n_stop++] = c->eos_token_id[i];
+    stop[n_stop++] = tokenizer_token_id(tok, "<|im_end|>");
+    stop[n_stop++] = tokenizer_token_id(tok, "<|endoftext|>");
+    struct grammar_vocab *v = grammar_vocab_new(n, bytes, len, stop, n_stop);
+    free(bytes);
+    free(len);
+    int k = 0;
+    for (int i = 0; i < 4; i++)
+        if (!slot[i].v) k = i;
+    /* a fifth tokenizer (tests only) replaces a slot; the vocabulary it held is kept (a job may
+     * still use it) */
+    slot[k].tok = tok, slot[k].n = n, slot[k].v = v;
+    pthread_mutex_unlock(&mu);
+    return v;
+}
+
+/* Compiled grammars by their spec, so that a repeated schema keeps its per-state caches. */
+#define GRAMMAR_CACHE 16
+static struct grammar *grammar_cached(const struct grammar_spec *sp, struct error *err) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char *keys[GRAMMAR_CACHE];
+    static struct grammar *gs[GRAMMAR_CACHE];
+    static int next;
+    json_t *k = json_pack("{s:O?,s:i,s:O?,s:s?,s:i,s:i,s:i}", "schema", sp->schema, "json_object",
+                          sp->json_object, "tools", sp->tools, "tool_name", sp->tool_name,
+                          "required", sp->tools_required, "parallel", sp->parallel, "think",
+                          sp->after_think);
+    char *key = k ? json_dumps(k, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    json_decref(k);
+    pthread_mutex_lock(&mu);
+    for (int i = 0; key && i < GRAMMAR_CACHE; i++)
+        if (keys[i] && !strcmp(keys[i], key)) {
+            grammar_ref(gs[i]);
+            pthread_mutex_unlock(&mu);
+            free(key);
+            return gs[i];
+        }
+    pthread_mutex_unlock(&mu);
+    struct grammar *g = grammar_compile(sp, err);
+    if (!g || !key) {
+        free(key);
+        return g;
+    }
+    pthread_mutex_lock(&mu);
+    int i = next++ % GRAMMAR_CACHE;
+    free(keys[i]);
+    grammar_unref(gs[i]);
+    keys[i] = key;
+    gs[i] = g;
+    grammar_ref(g);
+    pthread_mutex_unlock(&mu);
+    return g;
+}
+
+/* The matcher of a request that asks for structured output or a tool call; 0 when none does. */
+static int setup_grammar(struct job *j, const struct model *m, const struct tokenizer *tok,
+                         struct api_error *e) {
+    const int content = j->rf_schema || j->rf_json_object;
+    const int calls = j->is_chat && j->tools && (j->tools_required || j->tool_name);
+    if (!content && !calls) return 0;
+    struct grammar_spec sp = {
+        .schema = j->rf_schema,
+        .json_object = j->rf_json_object,
+        .tools = j->is_chat ? j->tools : NULL, /* with tool_choice auto: a call or the content */
+        .tool_name = j->tool_name,
+        .tools_required = j->tools_required,
+        .parallel = j->parallel_calls,
+        .after_think = j->in_thinking,
+    };
+    struct error err;
+    struct grammar *g = grammar_cached(&sp, &err);
+    if (!g && !calls && sp.tools && !strncmp(err.msg, "tools", 5)) { /* auto: content alone then */
+        sp.tools = NULL;
+        g = grammar_cached(&sp, &err);
+    }
+    if (!g) {
+        const int tool_err = !strncmp(err.msg, "tools", 5);
+        return bad(e, tool_err ? "tools" : j->rf_param, "%s%s", tool_err ? "" :
+                   !strcmp(j->rf_param, "json_schema") ? "json_schema: " : "response_format.json_schema.",
+                   err.msg);
+    }
+    j->matcher = grammar_matcher_new(g, vocab_for(tok, m), j->in_thinking ? "</think>" : NULL);
+    grammar_unref(g);
+    j->req.grammar = j->matcher;
+    return 0;
+}
+
 /* Sampling (over the checkpoint's generation_config.json defaults), limits, stop strings,
  * stream flags: the fields both endpoints share. */
 static int parse_common(struct job *j, const json_t *rq, const struct model *m, int ctx, int vocab,
@@ -227,15 +419,7 @@ static int parse_common(struct job *j, const json_t *rq, const struct model *m, 
     if (b) return bad(e, "logprobs", "'logprobs' is not supported");
     const json_t *v = json_object_get(rq, "top_logprobs");
     if (v && !json_is_null(v)) return bad(e, "top_logprobs", "'top_logprobs' is not supported");
-    v = json_object_get(rq, "response_format");
-    if (v && !json_is_null(v)) {
-        const char *t = json_string_value(json_object_get(v, "type"));
-        if (!json_is_object(v) || !t)
-            return bad(e, "response_format", "'response_format' must be an object with a 'type'");
-        if (strcmp(t, "text") != 0)
-            return bad(e, "response_format", "response_format type '%s' is not supported "
-                       "(no constrained decoding); only 'text'", QUOTE(t));
-    }
+    if (parse_response_format(j, rq, e)) return -1;
     if (get_bool(rq, "ignore_eos", &j->req.ignore_eos, e) < 0) return -1;
     v = json_object_get(rq, "logit_bias");
     if (v && !json_is_null(v)) {
@@ -367,14 +551,7 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
         if (json_array_size(tools) > 0) j->tools = tools;
     }
     int drop_tools = 0;
-    const json_t *tc = json_object_get(rq, "tool_choice");
-    if (tc && !json_is_null(tc)) {
-        const char *s = json_string_value(tc);
-        if (s && !strcmp(s, "none")) drop_tools = 1;
-        else if (!s || strcmp(s, "auto") != 0)
-            return bad(e, "tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forcing a "
-                       "call needs constrained decoding, which strata does not have)");
-    }
+    if (parse_tool_choice(j, rq, &drop_tools, e)) return -1;
     const json_t *kw = json_object_get(rq, "chat_template_kwargs");
     if (kw && !json_is_null(kw)) {
         if (!json_is_object(kw))
@@ -483,6 +660,7 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     }
     j->req.prompt = j->ids;
     j->req.n_prompt = j->n_ids;
+    if (setup_grammar(j, m, tok, e)) goto fail;
     const json_t *fo = json_object_get(rq, "strata_forced_output");
     if (fo && !json_is_null(fo)) {
         struct error err;
@@ -532,6 +710,7 @@ fail:
 
 void api_job_free(struct job *j) {
     if (!j) return;
+    grammar_matcher_free(j->matcher);
     json_decref(j->request);
     free(j->ids);
     free(j->forced);

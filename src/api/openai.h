@@ -50,6 +50,14 @@ struct job {
     float *bias_values;
     int32_t *forced;      /* (req.n_forced,) strata_forced_output tokens + <|im_end|>, or NULL */
     struct engine_request req;
+    /* constrained decoding (response_format, json_schema, tool_choice): what the request asks
+     * for (borrowed from request), and the matcher the engine runs (owned) */
+    const json_t *rf_schema;
+    int rf_json_object;
+    const char *rf_param;  /* the field that asked: "response_format" or "json_schema" */
+    const char *tool_name; /* tool_choice naming a function */
+    int tools_required, parallel_calls;
+    struct grammar_matcher *matcher;
     char *stops[ENGINE_MAX_STOP];
     char id[48];
     long created;

@@ -10,10 +10,13 @@
  * token, predicted_ms the rest, predicted_n counts every generated token. */
 #include "engine.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache.h"
+#include "text/grammar.h"
 #include "text/tokenizer.h"
 
 struct engine {
@@ -31,6 +34,7 @@ struct engine {
     int run_ahead;  /* queue the next step before handling a token's text (engine_set_run_ahead) */
     struct cache *cache; /* the prefix cache: which tokens each sequence holds */
     int32_t boundary_id; /* <|im_start|>, or -1: where the cache checkpoints a prompt */
+    uint64_t *mask;      /* ((vocab_size + 63) / 64,) a grammar's allowed tokens, bit per id */
 };
 
 const char *engine_finish_name(enum engine_finish f) {
@@ -76,6 +80,7 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
 void engine_free(struct engine *e) {
     if (!e) return;
     free(e->logits);
+    free(e->mask);
     free(e->piece);
     cache_free(e->cache);
     free(e->pending);
@@ -124,6 +129,24 @@ static int feed(struct engine *e, int32_t id) {
     if (model_step(e->m, id) != 0) return -1;
     cache_push(e->cache, id);
     return 0;
+}
+
+/* Constrained decoding: the logits of the tokens the grammar does not allow become -inf (an empty
+ * mask, which a correct grammar never gives, leaves them alone rather than end the request). */
+static void grammar_mask_logits(struct engine *e, const struct engine_request *r, int n_gen) {
+    const int V = e->vocab_size;
+    CHECK(grammar_matcher_n_tokens(r->grammar) == V);
+    if (!e->mask) e->mask = xmalloc(((size_t)V + 63) / 64 * sizeof *e->mask);
+    long left = r->max_tokens > 0 ? (long)r->max_tokens - n_gen : INT_MAX;
+    long ctx_left = (long)model_ctx(e->m) - model_pos(e->m) + 1;
+    if (ctx_left < left) left = ctx_left;
+    if (grammar_matcher_mask(r->grammar, e->mask, left > INT_MAX ? INT_MAX : (int)left) == 0) return;
+    for (int w = 0; w * 64 < V; w++) {
+        uint64_t b = e->mask[w];
+        if (b == ~0ull) continue;
+        for (int i = 0; i < 64 && w * 64 + i < V; i++)
+            if (!(b >> i & 1)) e->logits[w * 64 + i] = -INFINITY;
+    }
 }
 
 static int cancelled(const struct engine_request *r) {
@@ -207,7 +230,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
 
     struct sampler *smp = sampler_create(e->vocab_size, &r->sampling);
     sampler_add_prompt(smp, r->prompt, r->n_prompt);
-    const int greedy_plain = sampler_is_greedy_plain(smp);
+    const int greedy_plain = sampler_is_greedy_plain(smp) && !r->grammar;
     struct detok dt;
     if (e->tok) {
         detok_init(&dt, e->tok);
@@ -251,8 +274,10 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             id = model_argmax(e->m);
         } else {
             model_logits(e->m, e->logits);
+            if (r->grammar) grammar_mask_logits(e, r, n_gen);
             id = sampler_sample(smp, e->logits);
         }
+        if (r->grammar) (void)grammar_matcher_accept(r->grammar, id); /* a forced id may not fit */
         sampler_accept(smp, id);
         n_gen++;
         if (n_gen == 1) {

@@ -53,6 +53,11 @@ struct engine_request {
      * instead of the sampler's choice; the model still runs every step. */
     const int32_t *forced;
     int n_forced;
+    /* Constrained decoding (optional, text/grammar.h): each step the tokens the matcher does not
+     * allow get logit -inf before sampling (greedy too, so the logits come to the host), with the
+     * tokens left (max_tokens, the context) as its budget; the chosen token is then fed to it.
+     * Its vocabulary must have the model's vocab_size rows. */
+    struct grammar_matcher *grammar;
 };
 
 /* Names and meaning as llama-server's "timings" object. */

@@ -1938,7 +1938,8 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *bits, int budget) 
     }
     if (m->free_mode) return mask_free(m, bits);
     /* after this token budget - 1 remain: the completion (a token per byte at worst) and a stop */
-    const int64_t lim = budget > 0 ? (int64_t)budget - 2 : INT64_MAX;
+    int64_t lim = budget > 0 ? (int64_t)budget - 2 : INT64_MAX;
+    if (budget > 0 && set_dist(m, m->cur) > lim + 1) lim = INT64_MAX; /* cannot fit: no limit */
     for (int i = 0; i < N_CACHE; i++)
         if (m->cache_set[i] == m->cur) {
             if (m->cache_max[i] <= lim) {
@@ -2005,3 +2006,5 @@ int grammar_matcher_allows_bytes(struct grammar_matcher *m, const char *s, size_
     if (m->stopped || m->free_mode) return !m->stopped;
     return !set_dead(&m->p, advance(m, m->cur, s, n));
 }
+
+int grammar_matcher_n_tokens(const struct grammar_matcher *m) { return m->v->n_tokens; }

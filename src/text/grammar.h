@@ -22,7 +22,7 @@
  * Budget: given the tokens left, a token is allowed only if the shortest completion after it
  * (in bytes: at worst one token each) and a stop token still fit, so the output closes its
  * structures in time: any budget of at least the shortest instance's bytes + 1 ends in a complete
- * value and a stop.
+ * value and a stop. A smaller budget is not limited (the output stays a valid prefix and is cut).
  *
  * Speed (the design of xgrammar, written anew): the vocabulary is a byte trie; for each
  * automaton state a walk of the trie from that state alone sorts every token into accepted,
@@ -82,6 +82,9 @@ struct grammar_matcher;
 struct grammar_matcher *grammar_matcher_new(struct grammar *g, const struct grammar_vocab *v,
                                             const char *free_until);
 void grammar_matcher_free(struct grammar_matcher *m);
+
+/* The mask width: the vocabulary's n_tokens. */
+int grammar_matcher_n_tokens(const struct grammar_matcher *m);
 
 /* The mask words: (n_tokens + 63) / 64. */
 size_t grammar_mask_words(const struct grammar_vocab *v);
