@@ -90,6 +90,14 @@ static int valid(const json_t *v, const json_t *s, const json_t *root, int depth
         for (size_t i = 0; i < json_array_size(ty); i++) ok |= is_type(v, json_string_value(json_array_get(ty, i)));
         if (!ok) return 0;
     }
+    if (json_is_number(v)) {
+        double x = json_number_value(v);
+        const json_t *b;
+        if ((b = json_object_get(s, "minimum")) && x < json_number_value(b)) return 0;
+        if ((b = json_object_get(s, "maximum")) && x > json_number_value(b)) return 0;
+        if ((b = json_object_get(s, "exclusiveMinimum")) && x <= json_number_value(b)) return 0;
+        if ((b = json_object_get(s, "exclusiveMaximum")) && x >= json_number_value(b)) return 0;
+    }
     if (json_is_object(v)) {
         const json_t *props = json_object_get(s, "properties"), *addl = json_object_get(s, "additionalProperties");
         const json_t *req = json_object_get(s, "required");

@@ -19,6 +19,7 @@
 #include "grammar.h"
 
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,7 +309,7 @@ static int32_t build_number(struct builder *b, int integer) {
     edge(b, s, '1', '9', d1), edge(b, m, '1', '9', d1);
     int32_t ints[16];
     ints[0] = d1;
-    for (int i = 1; i < 16; i++) {
+    for (int i = 1; i < 15; i++) {
         ints[i] = st_new(b);
         b->acc[ints[i]] = 1;
         edge(b, ints[i - 1], '0', '9', ints[i]);
@@ -317,7 +318,7 @@ static int32_t build_number(struct builder *b, int integer) {
     int32_t f0 = st_new(b), e0 = st_new(b), e1 = st_new(b);
     edge(b, z, '.', '.', f0);
     edge(b, z, 'e', 'e', e0), edge(b, z, 'E', 'E', e0);
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < 15; i++) {
         edge(b, ints[i], '.', '.', f0);
         edge(b, ints[i], 'e', 'e', e0), edge(b, ints[i], 'E', 'E', e0);
     }
@@ -416,8 +417,7 @@ static size_t path_push(struct builder *b, const char *part) {
 static void path_pop(struct builder *b, size_t n) { b->path[n] = 0; }
 
 static const char *const refused_kw[] = {
-    "pattern", "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "allOf", "not", "if", "then", "else", "patternProperties",
+    "pattern", "format", "minLength", "maxLength", "multipleOf", "allOf", "not", "if", "then", "else", "patternProperties",
     "propertyNames", "minProperties", "maxProperties", "uniqueItems", "contains", "minContains",
     "maxContains", "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
     "dependentRequired", "dependentSchemas", "dependencies", "$dynamicRef", "$recursiveRef",
@@ -615,11 +615,139 @@ static int array_items(struct builder *b, const json_t *node, int32_t s, int32_t
     return 0;
 }
 
+/* ---- numeric bounds (minimum / maximum) ------------------------------------------------ */
+
+#define INT_DIGITS_MAX 999999999999999LL /* 15 digits: every integer the grammar writes */
+
+/* Digit strings of length L from a to z (same length, a <= z), from `from` to end. */
+static void digits_range(struct builder *b, int32_t from, const char *a, const char *z, int L,
+                         int32_t end) {
+    if (L == 0) {
+        eps(b, from, end);
+        return;
+    }
+    int all_lo = 1, all_hi = 1;
+    for (int i = 0; i < L; i++) all_lo &= a[i] == '0', all_hi &= z[i] == '9';
+    if (all_lo && all_hi) { /* any L digits */
+        int32_t cur = from;
+        for (int i = 0; i < L; i++) {
+            int32_t nx = i + 1 == L ? end : st_new(b);
+            edge(b, cur, '0', '9', nx);
+            cur = nx;
+        }
+        return;
+    }
+    static const char nines[] = "9999999999999999", zeros[] = "0000000000000000";
+    if (a[0] == z[0]) {
+        int32_t n = st_new(b);
+        edge(b, from, a[0], a[0], n);
+        digits_range(b, n, a + 1, z + 1, L - 1, end);
+        return;
+    }
+    int32_t n = st_new(b);
+    edge(b, from, a[0], a[0], n);
+    digits_range(b, n, a + 1, nines, L - 1, end);
+    if (a[0] + 1 <= z[0] - 1) {
+        n = st_new(b);
+        edge(b, from, a[0] + 1, z[0] - 1, n);
+        digits_range(b, n, zeros, nines, L - 1, end);
+    }
+    n = st_new(b);
+    edge(b, from, z[0], z[0], n);
+    digits_range(b, n, zeros, z + 1, L - 1, end);
+}
+
+/* Decimal integers a..z (0 <= a <= z), no leading zeros. */
+static void nonneg_range(struct builder *b, int32_t from, long long a, long long z, int32_t end) {
+    long long p = 1;
+    for (int L = 1; L <= 15; L++, p *= 10) {
+        long long lo = L == 1 ? 0 : p, hi = p * 10 - 1;
+        if (lo < a) lo = a;
+        if (hi > z) hi = z;
+        if (lo > hi) continue;
+        char sa[24], sz[24];
+        snprintf(sa, sizeof sa, "%lld", lo);
+        snprintf(sz, sizeof sz, "%lld", hi);
+        digits_range(b, from, sa, sz, L, end);
+    }
+}
+
+static void int_range(struct builder *b, int32_t s, long long lo, long long hi, int32_t end) {
+    if (hi >= 0) nonneg_range(b, s, lo > 0 ? lo : 0, hi, end);
+    if (lo < 0) {
+        long long top = hi < -1 ? hi : -1; /* the negative part: lo..top */
+        nonneg_range(b, byte1(b, s, '-'), -top, -lo, end);
+    }
+}
+
+/* The bounds of an integer (exclusive ones made inclusive), clipped to what the grammar writes.
+ * Returns 1 when the schema has any, 0 when none, -1 on a bad one. */
+static int int_bounds(struct builder *b, const json_t *node, long long *lo, long long *hi) {
+    static const char *const kw[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    *lo = -INT_DIGITS_MAX, *hi = INT_DIGITS_MAX;
+    int any = 0;
+    for (int k = 0; k < 4; k++) {
+        const json_t *v = json_object_get(node, kw[k]);
+        if (!v) continue;
+        if (!json_is_number(v)) return fail(b, "'%s' must be a number", kw[k]);
+        double x = json_number_value(v);
+        any = 1;
+        if (k < 2) {
+            double c = k == 0 ? ceil(x) : floor(x) + 1;
+            if (c > (double)*lo) *lo = c > (double)INT_DIGITS_MAX ? INT_DIGITS_MAX + 1 : (long long)c;
+        } else {
+            double c = k == 2 ? floor(x) : ceil(x) - 1;
+            if (c < (double)*hi) *hi = c < -(double)INT_DIGITS_MAX ? -INT_DIGITS_MAX - 1 : (long long)c;
+        }
+    }
+    if (any && *lo > *hi)
+        return fail(b, "%s", "no integer of at most 15 digits lies between 'minimum' and 'maximum'");
+    return any;
+}
+
+/* A number with bounds: supported for a "minimum" >= 0 and a "maximum" that are integers (no
+ * exponent then): I (.F)? with I in [minimum, maximum - 1], or I = maximum alone. */
+static int number_range(struct builder *b, const json_t *node, int32_t s, int32_t end) {
+    const json_t *mn = json_object_get(node, "minimum"), *mx = json_object_get(node, "maximum");
+    if (json_object_get(node, "exclusiveMinimum") || json_object_get(node, "exclusiveMaximum"))
+        return fail(b, "%s", "'exclusiveMinimum' / 'exclusiveMaximum' on a number are not supported "
+                             "(on an integer they are)");
+    double lo = mn ? json_number_value(mn) : -1, hi = mx ? json_number_value(mx) : (double)INT_DIGITS_MAX;
+    if (!mn || !json_is_number(mn) || lo < 0 || lo != floor(lo) || (mx && (!json_is_number(mx) || hi != floor(hi))))
+        return fail(b, "%s", "'minimum' / 'maximum' on a number are supported as integers with a "
+                             "'minimum' >= 0");
+    if (hi > (double)INT_DIGITS_MAX) hi = (double)INT_DIGITS_MAX;
+    if (lo > hi) return fail(b, "%s", "'minimum' is above 'maximum'");
+    int32_t ip = st_new(b); /* the integer part, then an optional fraction */
+    b->acc[ip] = 0;
+    if (lo <= hi - 1) nonneg_range(b, s, (long long)lo, (long long)hi - 1, ip);
+    nonneg_range(b, s, (long long)hi, (long long)hi, end);
+    eps(b, ip, end);
+    int32_t cur = byte1(b, ip, '.');
+    for (int i = 0; i < 16; i++) {
+        int32_t nx = st_new(b);
+        edge(b, cur, '0', '9', nx);
+        eps(b, nx, end);
+        cur = nx;
+    }
+    return 0;
+}
+
 static int compile_type(struct builder *b, const json_t *node, const char *t, int32_t s,
                         int32_t end, int tool) {
     if (!strcmp(t, "string")) eps(b, call(b, s, tool ? b->str_t : b->str), end);
-    else if (!strcmp(t, "number")) eps(b, call(b, s, b->num), end);
-    else if (!strcmp(t, "integer")) eps(b, call(b, s, b->integer), end);
+    else if (!strcmp(t, "number")) {
+        if (json_object_get(node, "minimum") || json_object_get(node, "maximum") ||
+            json_object_get(node, "exclusiveMinimum") || json_object_get(node, "exclusiveMaximum"))
+            return number_range(b, node, s, end);
+        eps(b, call(b, s, b->num), end);
+    } else if (!strcmp(t, "integer")) {
+        long long lo, hi;
+        int r = int_bounds(b, node, &lo, &hi);
+        if (r < 0) return -1;
+        if (r) int_range(b, s, lo, hi, end);
+        else eps(b, call(b, s, b->integer), end);
+    }
     else if (!strcmp(t, "boolean")) eps(b, lits(b, s, "true"), end), eps(b, lits(b, s, "false"), end);
     else if (!strcmp(t, "null")) eps(b, lits(b, s, "null"), end);
     else if (!strcmp(t, "object")) return object_props(b, node, s, end, tool);

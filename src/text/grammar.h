@@ -10,7 +10,9 @@
  *     complete only a stop token is allowed (the model cannot loop on whitespace).
  *   - Object properties in the schema's order; optional ones may be left out; additional
  *     properties only where the schema has no "properties" (then any key).
- *   - Numbers with at most 16 integer digits, 16 fraction digits and 3 exponent digits. String
+ *   - Numbers with at most 15 integer digits, 16 fraction digits and 2 exponent digits;
+ *     integer minimum / maximum (exclusive too) exactly, number ones when they are integers and
+ *     the minimum >= 0. String
  *     escapes \" \\ \/ \b \f \n \r \t and \uXXXX outside the surrogates and \u0000; raw bytes
  *     valid UTF-8 without control characters. JSON strings of chat content never hold the raw
  *     text "<tool_call>", and those of tool parameters never "</parameter>", "<parameter=" or
