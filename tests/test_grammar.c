@@ -573,6 +573,16 @@ static void test_think_and_object(struct grammar_vocab *v, const struct vocab_sr
     EXPECT(gt >= 0 && bit(bits, gt), "'>' completes </think>");
     EXPECT(gtx < 0 || !bit(bits, gtx), "'>x' completes </think> into a non-object and is masked");
     grammar_matcher_free(m);
+    /* random thinking runs into the budget: </think> is written in time, then the object */
+    for (int w = 0; w < 6; w++) {
+        int stopped;
+        char *out = walk(g, v, vs, 40 + 10 * w, 0, "</think>", NULL, &stopped, "thinking walk");
+        const char *end = strstr(out, "</think>");
+        json_t *j = end ? json_loads(end + 8, 0, NULL) : NULL;
+        EXPECT(stopped && j && json_is_object(j), "thinking walk %d: %s", w, out);
+        json_decref(j);
+        free(out);
+    }
     free(bits);
     grammar_unref(g);
 }

@@ -1992,15 +1992,39 @@ static int64_t set_dist(struct grammar_matcher *m, int32_t set) {
     return m->sdist[set] = best;
 }
 
-static int mask_free(struct grammar_matcher *m, uint64_t *bits) {
+/* Before free_until: any token but a stop, except one completing the trigger with bytes the
+ * grammar refuses. Once the budget only just holds the rest of the trigger and the grammar's
+ * shortest completion (lim as in grammar_matcher_mask), only the trigger's next bytes. */
+static int mask_free(struct grammar_matcher *m, uint64_t *bits, int64_t lim) {
     const struct grammar_vocab *v = m->v;
-    memcpy(bits, v->all_bits, v->words * sizeof *bits);
     const int k = m->kmp;
+    const int64_t d0 = set_dist(m, m->cur);
+    const int closing = lim < INT64_MAX && m->trig_len + d0 > lim && (m->trig_len - k) + d0 <= lim + 1;
+    if (closing) {
+        memset(bits, 0, v->words * sizeof *bits);
+        int lo = 0, hi = v->n_nodes; /* the trie node's children lie in [lo, hi) */
+        for (int d = k; d < m->trig_len; d++) {
+            int j = lo, found = -1;
+            for (; j < hi; j = v->tend[j])
+                if (v->tb[j] == (uint8_t)m->trig[d]) {
+                    found = j;
+                    break;
+                }
+            if (found < 0) break;
+            for (int32_t t = v->ttok[found]; t >= 0; t = v->tnext[t]) bits[t / 64] |= 1ull << (t % 64);
+            lo = found + 1, hi = v->tend[found];
+        }
+    } else {
+        memcpy(bits, v->all_bits, v->words * sizeof *bits);
+    }
     for (int i = 0; i < v->trig_n[k]; i++) {
         int32_t t = v->trig_tok[k][i];
         int off = v->trig_off[k][i];
         int32_t r = advance(m, m->cur, v->blob + v->off[t] + off, (size_t)(tok_len(v, t) - off));
-        if (set_dead(&m->p, r)) bits[t / 64] &= ~(1ull << (t % 64));
+        if (set_dead(&m->p, r) || (lim < INT64_MAX && set_dist(m, r) > lim))
+            bits[t / 64] &= ~(1ull << (t % 64));
+        else if (closing)
+            bits[t / 64] |= 1ull << (t % 64);
     }
     return popcount_bits(bits, v->words);
 }
@@ -2064,9 +2088,9 @@ int grammar_matcher_mask(struct grammar_matcher *m, uint64_t *bits, int budget) 
         memset(bits, 0, v->words * sizeof *bits);
         return 0;
     }
-    if (m->free_mode) return mask_free(m, bits);
     /* after this token budget - 1 remain: the completion (a token per byte at worst) and a stop */
     int64_t lim = budget > 0 ? (int64_t)budget - 2 : INT64_MAX;
+    if (m->free_mode) return mask_free(m, bits, lim);
     if (budget > 0 && set_dist(m, m->cur) > lim + 1) lim = INT64_MAX; /* cannot fit: no limit */
     for (int i = 0; i < N_CACHE; i++)
         if (m->cache_set[i] == m->cur) {

@@ -79,7 +79,8 @@ int grammar_n_states(const struct grammar *g);
 struct grammar_matcher;
 
 /* free_until: a text after which the grammar starts (e.g. "</think>"): before it every token is
- * allowed except the stop tokens. NULL: the grammar starts at once. The grammar and vocabulary
+ * allowed except the stop tokens, until the budget only just holds free_until and the grammar's
+ * shortest completion: then free_until is written. NULL: the grammar starts at once. The grammar and vocabulary
  * must outlive the matcher. A matcher belongs to one thread. */
 struct grammar_matcher *grammar_matcher_new(struct grammar *g, const struct grammar_vocab *v,
                                             const char *free_until);
