@@ -626,7 +626,7 @@ static void test_bad_input(void) {
         {"max_completion_tokens", "-5"}, {"seed", "\"abc\""},  {"n", "2"},
         {"stop", "5"},              {"stop", "[\"\"]"},        {"stream", "\"yes\""},
         {"stream_options", "3"},    {"tools", "{}"},           {"tool_choice", "\"required\""},
-        {"logprobs", "true"},       {"response_format", "{\"type\":\"xml\"}"},
+        {"top_logprobs", "3"},   {"logprobs", "2"},       {"response_format", "{\"type\":\"xml\"}"},
         {"response_format", "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"format\":\"date\"}}}"},
         {"grammar", "\"root ::= \\\"a\\\"\""}, {"tool_choice", "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"},
         {"chat_template_kwargs", "[]"}, {"model", "7"}, {"logit_bias", "{\"abc\":1}"},

@@ -377,6 +377,85 @@ static int setup_grammar(struct job *j, const struct model *m, const struct toke
     return 0;
 }
 
+/* ---- logprobs ------------------------------------------------------------------------- */
+
+/* chat: logprobs (boolean) + top_logprobs (0..20); completions: logprobs (0..20, the number of
+ * alternatives). */
+static int parse_logprobs(struct job *j, const json_t *rq, struct api_error *e) {
+    long long n = 0;
+    int r;
+    if (j->is_chat) {
+        int on = 0;
+        if (get_bool(rq, "logprobs", &on, e) < 0) return -1;
+        if ((r = get_int(rq, "top_logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &n, e)) < 0) return -1;
+        if (r && !on) return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        j->req.logprobs = on;
+        j->req.top_logprobs = (int)n;
+        return 0;
+    }
+    const json_t *v = json_object_get(rq, "logprobs");
+    if (json_is_boolean(v)) /* llama-server style: true = the chosen tokens only */
+        return j->req.logprobs = json_is_true(v), 0;
+    if ((r = get_int(rq, "logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &n, e)) < 0) return -1;
+    j->req.logprobs = r;
+    j->req.top_logprobs = (int)n;
+    return 0;
+}
+
+/* A token's bytes as text (invalid UTF-8 as U+FFFD) and as OpenAI's "bytes" list. */
+static json_t *token_text(const struct tokenizer *tok, int32_t id, json_t **bytes_out) {
+    size_t n;
+    const char *b = tokenizer_token_bytes(tok, id, &n);
+    if (!b) n = 0;
+    struct strbuf s = {0};
+    strbuf_add(&s, "", 0);
+    json_t *bytes = json_array();
+    for (size_t i = 0; i < n;) {
+        int k = utf8_char_len(b + i, n - i);
+        if (k > 0) strbuf_add(&s, b + i, (size_t)k);
+        else strbuf_adds(&s, "\xEF\xBF\xBD"), k = 1;
+        for (int q = 0; q < k; q++) json_array_append_new(bytes, json_integer((unsigned char)b[i + q]));
+        i += (size_t)k;
+    }
+    json_t *t = json_stringn(s.s, s.len);
+    free(s.s);
+    if (bytes_out) *bytes_out = bytes;
+    else json_decref(bytes);
+    return t;
+}
+
+/* chat: {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]} */
+static json_t *chat_lp_entry(const struct job *j, const struct engine_event *ev) {
+    json_t *bytes, *tops = json_array();
+    json_t *t = token_text(j->tok, ev->id, &bytes);
+    for (int i = 0; i < ev->n_top && i < j->req.top_logprobs; i++) {
+        json_t *tb, *tt = token_text(j->tok, ev->top_ids[i], &tb);
+        json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", tt, "logprob",
+                                              (double)ev->top_logprobs[i], "bytes", tb));
+    }
+    return json_pack("{s:o,s:f,s:o,s:o}", "token", t, "logprob", (double)ev->logprob, "bytes", bytes,
+                     "top_logprobs", tops);
+}
+
+/* completions: appends one token to {"tokens", "token_logprobs", "top_logprobs", "text_offset"} */
+static void cmpl_lp_add(const struct job *j, json_t *lp, const struct engine_event *ev, size_t offset) {
+    json_array_append_new(json_object_get(lp, "tokens"), token_text(j->tok, ev->id, NULL));
+    json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(ev->logprob));
+    json_t *tops = json_object();
+    for (int i = 0; i < ev->n_top && i < j->req.top_logprobs; i++) {
+        json_t *tt = token_text(j->tok, ev->top_ids[i], NULL);
+        if (!json_object_get(tops, json_string_value(tt)))
+            json_object_set_new(tops, json_string_value(tt), json_real(ev->top_logprobs[i]));
+        json_decref(tt);
+    }
+    json_array_append_new(json_object_get(lp, "top_logprobs"), tops);
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
+}
+
+static json_t *cmpl_lp_new(void) {
+    return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
 /* Sampling (over the checkpoint's generation_config.json defaults), limits, stop strings,
  * stream flags: the fields both endpoints share. */
 static int parse_common(struct job *j, const json_t *rq, const struct model *m, int ctx, int vocab,
@@ -414,11 +493,9 @@ static int parse_common(struct job *j, const json_t *rq, const struct model *m, 
 
     if ((r = get_int(rq, "n", 1, 1 << 20, &n, e)) < 0) return -1;
     if (r && n != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported");
-    b = 0;
-    if (get_bool(rq, "logprobs", &b, e) < 0) return -1;
-    if (b) return bad(e, "logprobs", "'logprobs' is not supported");
-    const json_t *v = json_object_get(rq, "top_logprobs");
-    if (v && !json_is_null(v)) return bad(e, "top_logprobs", "'top_logprobs' is not supported");
+    (void)b;
+    const json_t *v;
+    if (parse_logprobs(j, rq, e)) return -1;
     if (parse_response_format(j, rq, e)) return -1;
     if (get_bool(rq, "ignore_eos", &j->req.ignore_eos, e) < 0) return -1;
     v = json_object_get(rq, "logit_bias");
@@ -628,6 +705,7 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     j->fd = -1;
     j->is_chat = is_chat;
     j->request = rq;
+    j->tok = tok;
     snprintf(j->model_name, sizeof j->model_name, "%s", model_name);
     const int ctx = model_ctx(m);
     if (check_model_name(rq, e) || parse_common(j, rq, m, ctx, model_config(m)->vocab_size, rng, rng_mu, e)) goto fail;
@@ -711,6 +789,7 @@ fail:
 void api_job_free(struct job *j) {
     if (!j) return;
     grammar_matcher_free(j->matcher);
+    json_decref(j->lp);
     json_decref(j->request);
     free(j->ids);
     free(j->forced);
@@ -789,7 +868,14 @@ static int job_emit(void *user, const struct engine_event *ev) {
     const double t_in = now_ms();
     if (ev->id >= 0 && ev->n_generated == 1) j->t_first = t_in;
     pthread_mutex_lock(&j->mu);
+    const size_t offset = j->text.len;
     if (ev->len) strbuf_add(&j->text, ev->text, ev->len);
+    const int lp = j->req.logprobs && ev->id >= 0;
+    if (lp && !j->stream) { /* kept for the response */
+        if (!j->lp) j->lp = j->is_chat ? json_array() : cmpl_lp_new();
+        if (j->is_chat) json_array_append_new(j->lp, chat_lp_entry(j, ev));
+        else cmpl_lp_add(j, j->lp, ev, offset);
+    }
     if (j->stream) {
         size_t before = j->out.len;
         if (j->is_chat) {
@@ -799,6 +885,28 @@ static int job_emit(void *user, const struct engine_event *ev) {
                 strbuf_adds(&j->out, "\"content\":\"\"");
                 frame_end(j);
             }
+            if (lp) { /* the token's logprobs in a chunk of their own */
+                json_t *en = chat_lp_entry(j, ev);
+                char *s = json_dumps(en, JSON_COMPACT);
+                json_decref(en);
+                strbuf_adds(&j->out, j->chunk_head);
+                strbuf_adds(&j->out, "\"delta\":{},\"logprobs\":{\"content\":[");
+                strbuf_adds(&j->out, s);
+                strbuf_adds(&j->out, "]},\"finish_reason\":null}]}\n\n");
+                free(s);
+            }
+        } else if (lp) {
+            json_t *o = cmpl_lp_new();
+            cmpl_lp_add(j, o, ev, offset);
+            char *s = json_dumps(o, JSON_COMPACT);
+            json_decref(o);
+            strbuf_adds(&j->out, j->chunk_head);
+            strbuf_adds(&j->out, "\"text\":");
+            sbuf_json_str(&j->out, ev->text, ev->len);
+            strbuf_adds(&j->out, ",\"logprobs\":");
+            strbuf_adds(&j->out, s);
+            strbuf_adds(&j->out, ",\"finish_reason\":null}]}\n\n");
+            free(s);
         } else if (ev->len || (ev->id >= 0 && ev->n_generated == 1)) {
             frame_completion_text(j, ev->text, ev->len);
         }
@@ -931,12 +1039,16 @@ json_t *api_job_response(struct job *j, int *status) {
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(p.reasoning_content, p.reasoning_len));
         if (p.n_tool_calls) json_object_set_new(msg, "tool_calls", chat_parsed_tool_calls_json(&p));
-        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
+        json_t *lp = j->req.logprobs
+                         ? json_pack("{s:o}", "content", j->lp ? json_incref(j->lp) : json_array())
+                         : json_null();
+        choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "message", msg, "logprobs", lp,
                            "finish_reason", finish_reason(j, p.n_tool_calls, p.truncated));
         chat_parsed_free(&p);
     } else {
-        choice = json_pack("{s:s%,s:i,s:n,s:s}", "text", text, j->text.len, "index", 0, "logprobs",
-                           "finish_reason", finish_reason(j, 0, 0));
+        json_t *lp = !j->req.logprobs ? json_null() : j->lp ? json_incref(j->lp) : cmpl_lp_new();
+        choice = json_pack("{s:s%,s:i,s:o,s:s}", "text", text, j->text.len, "index", 0, "logprobs",
+                           lp, "finish_reason", finish_reason(j, 0, 0));
     }
     const int n_gen = j->res.n_generated;
     return json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:{s:i,s:i,s:i,s:{s:i}},s:o}", "id", j->id, "object",

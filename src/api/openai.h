@@ -58,6 +58,10 @@ struct job {
     const char *tool_name; /* tool_choice naming a function */
     int tools_required, parallel_calls;
     struct grammar_matcher *matcher;
+    /* logprobs: each emitted token's entry, non-streaming (chat: the "content" array;
+     * completions: the legacy object of parallel arrays) */
+    const struct tokenizer *tok;
+    json_t *lp;
     char *stops[ENGINE_MAX_STOP];
     char id[48];
     long created;

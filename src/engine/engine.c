@@ -35,6 +35,12 @@ struct engine {
     struct cache *cache; /* the prefix cache: which tokens each sequence holds */
     int32_t boundary_id; /* <|im_start|>, or -1: where the cache checkpoints a prompt */
     uint64_t *mask;      /* ((vocab_size + 63) / 64,) a grammar's allowed tokens, bit per id */
+    /* logprobs: of the step's raw logits, the log-sum-exp, the top tokens, and the logits' copy */
+    double lse;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_lp[ENGINE_MAX_TOP_LOGPROBS];
+    int n_top;
+    float *raw;          /* (vocab_size,) the logits before the sampler changed them */
 };
 
 const char *engine_finish_name(enum engine_finish f) {
@@ -81,6 +87,7 @@ void engine_free(struct engine *e) {
     if (!e) return;
     free(e->logits);
     free(e->mask);
+    free(e->raw);
     free(e->piece);
     cache_free(e->cache);
     free(e->pending);
@@ -147,6 +154,36 @@ static void grammar_mask_logits(struct engine *e, const struct engine_request *r
         for (int i = 0; i < 64 && w * 64 + i < V; i++)
             if (!(b >> i & 1)) e->logits[w * 64 + i] = -INFINITY;
     }
+}
+
+/* logprobs: the log-sum-exp of the raw logits (in e->logits, copied to e->raw) and the
+ * r->top_logprobs most likely tokens, before the sampler changes them. */
+static void logprobs_of_step(struct engine *e, const struct engine_request *r) {
+    const int V = e->vocab_size;
+    if (!e->raw) e->raw = xmalloc((size_t)V * sizeof *e->raw);
+    memcpy(e->raw, e->logits, (size_t)V * sizeof *e->raw);
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = e->raw[i] > mx ? e->raw[i] : mx;
+    double z = 0;
+    for (int i = 0; i < V; i++) z += exp((double)e->raw[i] - mx);
+    e->lse = mx + log(z);
+    /* the top k by insertion into a sorted array of k (k <= 20) */
+    const int k = r->top_logprobs < ENGINE_MAX_TOP_LOGPROBS ? r->top_logprobs : ENGINE_MAX_TOP_LOGPROBS;
+    int n = 0;
+    for (int i = 0; i < V && k > 0; i++) {
+        float x = e->raw[i];
+        if (n == k && !(x > e->top_lp[n - 1])) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && e->top_lp[j - 1] < x) {
+            e->top_lp[j] = e->top_lp[j - 1];
+            e->top_ids[j] = e->top_ids[j - 1];
+            j--;
+        }
+        e->top_lp[j] = x;
+        e->top_ids[j] = i;
+    }
+    for (int i = 0; i < n; i++) e->top_lp[i] = (float)(e->top_lp[i] - e->lse);
+    e->n_top = n;
 }
 
 static int cancelled(const struct engine_request *r) {
@@ -230,7 +267,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
 
     struct sampler *smp = sampler_create(e->vocab_size, &r->sampling);
     sampler_add_prompt(smp, r->prompt, r->n_prompt);
-    const int greedy_plain = sampler_is_greedy_plain(smp) && !r->grammar;
+    const int greedy_plain = sampler_is_greedy_plain(smp) && !r->grammar && !r->logprobs;
     struct detok dt;
     if (e->tok) {
         detok_init(&dt, e->tok);
@@ -261,7 +298,12 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
         if (n_gen < r->n_forced) {
             /* the choice a sampler would make waits for the logits; so does a forced one, or a
              * device backend would run far behind the host and the timings would be fiction */
-            (void)model_argmax(e->m);
+            if (r->logprobs) {
+                model_logits(e->m, e->logits);
+                logprobs_of_step(e, r);
+            } else {
+                (void)model_argmax(e->m);
+            }
             id = r->forced[n_gen];
         } else if (greedy_plain && e->run_ahead && n_gen > 0 && !last) {
             /* run ahead on the device: the choice is fed to the next step there, before the
@@ -274,6 +316,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             id = model_argmax(e->m);
         } else {
             model_logits(e->m, e->logits);
+            if (r->logprobs) logprobs_of_step(e, r);
             if (r->grammar) grammar_mask_logits(e, r, n_gen);
             id = sampler_sample(smp, e->logits);
         }
@@ -307,7 +350,11 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             release = engine_stop_scan(e->pending, e->pending_len,
                                        (const char *const *)r->stop, r->n_stop, &hit);
         }
-        struct engine_event ev = {id, e->pending, release, n_gen};
+        struct engine_event ev = {id, e->pending, release, n_gen, 0, 0, NULL, NULL};
+        if (r->logprobs) {
+            ev.logprob = (float)(e->raw[id] - e->lse);
+            ev.n_top = e->n_top, ev.top_ids = e->top_ids, ev.top_logprobs = e->top_lp;
+        }
         int stop_cb = r->emit ? r->emit(r->user, &ev) : 0;
         if (hit >= 0) {
             e->pending_len = 0; /* the stop string and anything after it are dropped */
@@ -331,7 +378,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             size_t n = detok_flush(&dt, e->piece, e->piece_cap);
             pending_append(e, e->piece, n);
         }
-        struct engine_event ev = {-1, e->pending, e->pending_len, n_gen};
+        struct engine_event ev = {-1, e->pending, e->pending_len, n_gen, 0, 0, NULL, NULL};
         if (r->emit) r->emit(r->user, &ev);
     }
     e->pending_len = 0;

@@ -8,6 +8,7 @@
 //     instance + 25 (the grammar closes structures in time for the budget);
 //   - json_object, tool_choice "required" / named with parallel_tool_calls false, unsupported
 //     schema features (400 naming the keyword), GBNF (400);
+//   - logprobs + top_logprobs (chat, streamed and not) and the integer logprobs of /v1/completions;
 //   - the SDK helpers agents use: openai chat.completions.parse with zodResponseFormat, Vercel
 //     ai generateObject and generateText(toolChoice: 'required') over @ai-sdk/openai-compatible,
 //     @langchain/openai withStructuredOutput and bindTools(tool_choice: "any").
@@ -240,6 +241,37 @@ try {
     expect(r.status === 400 && r.body.error.param === "grammar" && /GBNF/.test(r.body.error.message), `grammar: ${JSON.stringify(r.body)}`);
     r = await post("/v1/chat/completions", { model: "demo", messages: user("x"), tools, tool_choice: { type: "function", function: { name: "nope" } } });
     expect(r.status === 400 && r.body.error.param === "tool_choice" && /nope/.test(r.body.error.message), `unknown named tool: ${JSON.stringify(r.body)}`);
+  }
+
+  // ---- logprobs -------------------------------------------------------------------------------
+  {
+    const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0 });
+    const req = { model: "demo", messages: user("Tell me a fortune."), max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3, ...noThink };
+    const r = await client.chat.completions.create(req);
+    const lp = r.choices[0].logprobs?.content || [];
+    let ok = lp.length === r.usage.completion_tokens && r.choices[0].finish_reason === "length";
+    for (const t of lp) {
+      ok &&= t.logprob <= 0 && t.top_logprobs.length === 3 && t.top_logprobs[0].token === t.token &&
+        Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-6 &&
+        t.top_logprobs.every((x, i) => i === 0 || x.logprob <= t.top_logprobs[i - 1].logprob) &&
+        t.top_logprobs.reduce((z, x) => z + Math.exp(x.logprob), 0) <= 1 + 1e-5 &&
+        Array.isArray(t.bytes) && t.bytes.length > 0;
+    }
+    expect(ok && lp.map((t) => t.token).join("") === r.choices[0].message.content, `chat logprobs: ${JSON.stringify(r.choices[0]).slice(0, 600)}`);
+    const stream = await client.chat.completions.create({ ...req, stream: true });
+    const slp = [];
+    for await (const ch of stream) slp.push(...(ch.choices[0]?.logprobs?.content || []));
+    expect(slp.length === lp.length && slp.every((t, i) => t.token === lp[i].token && Math.abs(t.logprob - lp[i].logprob) < 1e-6),
+      `streamed chat logprobs differ: ${JSON.stringify(slp).slice(0, 300)}`);
+    const c = await client.completions.create({ model: "demo", prompt: "Once upon a time", max_tokens: 6, temperature: 0, logprobs: 2 });
+    const cl = c.choices[0].logprobs;
+    expect(cl && cl.tokens.length === c.usage.completion_tokens && cl.tokens.join("") === c.choices[0].text &&
+      cl.token_logprobs.every((x) => x <= 0) && cl.top_logprobs.every((o) => Object.keys(o).length >= 1 && Object.keys(o).length <= 2) &&
+      cl.text_offset[0] === 0, `completions logprobs: ${JSON.stringify(c.choices[0]).slice(0, 500)}`);
+    let bad = await post("/v1/chat/completions", { model: "demo", messages: user("x"), top_logprobs: 2 });
+    expect(bad.status === 400 && bad.body.error.param === "top_logprobs", `top_logprobs without logprobs: ${JSON.stringify(bad.body)}`);
+    bad = await post("/v1/chat/completions", { model: "demo", messages: user("x"), logprobs: true, top_logprobs: 21 });
+    expect(bad.status === 400 && bad.body.error.param === "top_logprobs", `top_logprobs 21: ${JSON.stringify(bad.body)}`);
   }
 
   // ---- the SDKs --------------------------------------------------------------------------------
