@@ -233,6 +233,28 @@ try {
     }
   }
 
+  { // streamed: the SDK's accumulated tool-call deltas
+    const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0 });
+    const stream = await client.chat.completions.create({ model: "demo", messages: user("Weather?"), tools, tool_choice: "required", max_tokens: 140, seed: 5, stream: true, ...noThink });
+    const acc = [];
+    let finish = null;
+    for await (const ch of stream) {
+      const c = ch.choices[0];
+      if (c?.finish_reason) finish = c.finish_reason;
+      for (const d of c?.delta?.tool_calls || []) {
+        acc[d.index] ??= { name: "", args: "" };
+        if (d.function?.name) acc[d.index].name += d.function.name;
+        if (d.function?.arguments) acc[d.index].args += d.function.arguments;
+      }
+    }
+    let ok = finish === "tool_calls" && acc.length >= 1;
+    for (const c of acc) {
+      const t = tools.find((x) => x.function.name === c.name);
+      try { ok &&= !!t && valid(JSON.parse(c.args), t.function.parameters, t.function.parameters); } catch { ok = false; }
+    }
+    expect(ok, `streamed tool_choice required: ${finish} ${JSON.stringify(acc).slice(0, 500)}`);
+  }
+
   // ---- refusals ------------------------------------------------------------------------------
   {
     let r = await post("/v1/chat/completions", { model: "demo", messages: user("x"), response_format: { type: "json_schema", json_schema: { name: "d", schema: { type: "object", properties: { when: { type: "string", format: "date-time" } } } } } });
