@@ -623,7 +623,7 @@ static void test_bad_input(void) {
         {"top_p", "0"},             {"top_p", "1.5"},          {"top_k", "1.5"},
         {"min_p", "2"},             {"presence_penalty", "3"}, {"frequency_penalty", "-9"},
         {"repetition_penalty", "0"}, {"max_tokens", "0"},      {"max_tokens", "\"10\""},
-        {"max_completion_tokens", "-5"}, {"seed", "\"abc\""},  {"n", "2"},
+        {"max_completion_tokens", "-5"}, {"seed", "\"abc\""},  {"n", "17"},
         {"stop", "5"},              {"stop", "[\"\"]"},        {"stream", "\"yes\""},
         {"stream_options", "3"},    {"tools", "{}"},           {"tool_choice", "\"required\""},
         {"top_logprobs", "3"},   {"logprobs", "2"},       {"response_format", "{\"type\":\"xml\"}"},

@@ -371,8 +371,9 @@ static int setup_grammar(struct job *j, const struct model *m, const struct toke
                    !strcmp(j->rf_param, "json_schema") ? "json_schema: " : "response_format.json_schema.",
                    err.msg);
     }
-    j->matcher = grammar_matcher_new(g, vocab_for(tok, m), j->in_thinking ? "</think>" : NULL);
-    grammar_unref(g);
+    j->grammar = g;
+    j->gvocab = vocab_for(tok, m);
+    j->matcher = grammar_matcher_new(g, j->gvocab, j->in_thinking ? "</think>" : NULL);
     j->req.grammar = j->matcher;
     return 0;
 }
@@ -491,8 +492,9 @@ static int parse_common(struct job *j, const json_t *rq, const struct model *m, 
     if (r) j->req.max_tokens = n < 0 ? 0 : (int)n;
     (void)ctx;
 
-    if ((r = get_int(rq, "n", 1, 1 << 20, &n, e)) < 0) return -1;
-    if (r && n != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported");
+    j->n_choices = 1;
+    if ((r = get_int(rq, "n", 1, 16, &n, e)) < 0) return -1;
+    if (r) j->n_choices = (int)n;
     (void)b;
     const json_t *v;
     if (parse_logprobs(j, rq, e)) return -1;
@@ -778,7 +780,10 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     strbuf_printf(&h, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id,
                 is_chat ? "chat.completion.chunk" : "text_completion", j->created);
     sbuf_json_str(&h, j->model_name, strlen(j->model_name));
-    strbuf_adds(&h, ",\"system_fingerprint\":\"strata\",\"choices\":[{\"index\":0,");
+    strbuf_adds(&h, ",\"system_fingerprint\":\"strata\",\"choices\":[{\"index\":");
+    j->chunk_base_len = h.len;
+    strbuf_adds(&h, "0,               "); /* room for any choice's index (set_choice_head) */
+    h.s[j->chunk_base_len + 2] = 0;
     j->chunk_head = h.s;
     return j;
 fail:
@@ -789,6 +794,12 @@ fail:
 void api_job_free(struct job *j) {
     if (!j) return;
     grammar_matcher_free(j->matcher);
+    grammar_unref(j->grammar);
+    for (int i = 0; i < j->n_done; i++) {
+        free(j->choices[i].text);
+        json_decref(j->choices[i].lp);
+    }
+    free(j->choices);
     json_decref(j->lp);
     json_decref(j->request);
     free(j->ids);
@@ -917,8 +928,8 @@ static int job_emit(void *user, const struct engine_event *ev) {
     return atomic_load(&j->cancel) || (j->stopping && atomic_load(j->stopping));
 }
 
-static const char *finish_reason(const struct job *j, int n_tool_calls, int truncated) {
-    if (j->res.finish == ENGINE_FINISH_LENGTH || truncated) return "length";
+static const char *finish_reason(enum engine_finish f, int n_tool_calls, int truncated) {
+    if (f == ENGINE_FINISH_LENGTH || truncated) return "length";
     if (n_tool_calls > 0) return "tool_calls";
     return "stop"; /* also for "cancelled": nobody reads it */
 }
@@ -943,40 +954,83 @@ static json_t *timings_json(const struct engine_timings *t) {
                      "predicted_per_second", t->predicted_per_second);
 }
 
+/* Chunks from now on are of choice c. */
+static void set_choice_head(struct job *j, int c) {
+    snprintf(j->chunk_head + j->chunk_base_len, 16, "%d,", c);
+}
+
+/* n > 1: the finished choice is kept, and the job made ready for the next (j->mu held). */
+static void next_choice(struct job *j) {
+    j->choices = xrealloc(j->choices, (size_t)(j->n_done + 1) * sizeof *j->choices);
+    struct job_choice *c = &j->choices[j->n_done++];
+    c->len = j->text.len;
+    c->text = strbuf_take(&j->text);
+    c->lp = j->lp;
+    c->finish = j->res.finish;
+    c->n_generated = j->res.n_generated;
+    j->lp = NULL;
+    j->sent_first = 0;
+    j->n_tool_calls = 0;
+}
+
 void api_job_run(struct job *j, struct engine *eng) {
-    if (j->is_chat && j->stream)
-        j->cs = chat_stream_new(j->in_thinking, j->tools, NULL, on_chat_delta, j);
     j->req.emit = job_emit;
     j->req.user = j;
     j->req.cancel = &j->cancel;
-    struct error err;
-    if (engine_generate(eng, &j->req, &j->res, &err) != 0) {
-        api_job_fail(j, 500, err.msg);
-        return;
-    }
-    /* stopped by the server's shutdown, not by its client: say so (an error event ends the
-     * stream; a waiting non-streaming client gets 503) rather than end without a word */
-    if (j->res.finish == ENGINE_FINISH_CANCELLED && !atomic_load(&j->cancel) && j->stopping &&
-        atomic_load(j->stopping)) {
-        api_job_fail(j, 503, "the server is shutting down; the generation was stopped");
-        return;
-    }
-    pthread_mutex_lock(&j->mu);
-    if (j->stream && j->res.finish != ENGINE_FINISH_CANCELLED) {
+    const uint64_t seed0 = j->req.sampling.seed;
+    j->total_generated = 0;
+    for (int c = 0; c < j->n_choices; c++) {
+        pthread_mutex_lock(&j->mu);
+        if (c > 0) {
+            next_choice(j);
+            j->req.sampling.seed = seed0 + (uint64_t)c;
+            if (j->grammar) {
+                grammar_matcher_free(j->matcher);
+                j->matcher = grammar_matcher_new(j->grammar, j->gvocab, j->in_thinking ? "</think>" : NULL);
+                j->req.grammar = j->matcher;
+            }
+        }
+        set_choice_head(j, c);
+        if (j->cs) chat_stream_free(j->cs);
+        j->cs = j->is_chat && j->stream ? chat_stream_new(j->in_thinking, j->tools, NULL, on_chat_delta, j) : NULL;
+        pthread_mutex_unlock(&j->mu);
+        struct error err;
+        if (engine_generate(eng, &j->req, &j->res, &err) != 0) {
+            api_job_fail(j, 500, err.msg);
+            return;
+        }
+        j->total_generated += j->res.n_generated;
+        /* stopped by the server's shutdown, not by its client: say so (an error event ends the
+         * stream; a waiting non-streaming client gets 503) rather than end without a word */
+        if (j->res.finish == ENGINE_FINISH_CANCELLED && !atomic_load(&j->cancel) && j->stopping &&
+            atomic_load(j->stopping)) {
+            api_job_fail(j, 503, "the server is shutting down; the generation was stopped");
+            return;
+        }
+        if (j->res.finish == ENGINE_FINISH_CANCELLED) break;
+        if (!j->stream) continue;
+        pthread_mutex_lock(&j->mu);
         int truncated = 0;
         if (j->cs) {
             chat_stream_finish(j->cs);
             truncated = chat_stream_truncated(j->cs);
         }
-        const int usage_tokens = j->res.n_generated;
         strbuf_adds(&j->out, j->chunk_head);
         if (j->is_chat) strbuf_adds(&j->out, "\"delta\":{},");
         else strbuf_adds(&j->out, "\"text\":\"\",");
         strbuf_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}],",
-                    finish_reason(j, j->n_tool_calls, truncated));
+                    finish_reason(j->res.finish, j->n_tool_calls, truncated));
         timings_append(&j->out, &j->res.timings);
         strbuf_adds(&j->out, "}\n\n");
+        flush_out(j);
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->n_choices > 1 && j->res.finish != ENGINE_FINISH_CANCELLED) next_choice(j);
+    if (j->stream && j->res.finish != ENGINE_FINISH_CANCELLED) {
+        const int usage_tokens = j->total_generated;
         if (j->include_usage) {
+            set_choice_head(j, 0);
             strbuf_adds(&j->out, j->chunk_head);
             /* the head opened choices with an element; usage chunks carry an empty list */
             j->out.len -= strlen("{\"index\":0,");
@@ -1016,20 +1070,12 @@ void api_job_fail(struct job *j, int status, const char *msg) {
     pthread_mutex_unlock(&j->mu);
 }
 
-json_t *api_job_response(struct job *j, int *status) {
-    if (j->failed) {
-        struct api_error e = {.status = j->fail_status,
-                              .type = j->fail_status == 503 ? "unavailable_error" : "server_error"};
-        snprintf(e.message, sizeof e.message, "%s", j->fail_msg);
-        *status = j->fail_status;
-        return api_error_json(&e);
-    }
-    *status = 200;
-    const char *text = j->text.s ? j->text.s : "";
-    json_t *choice;
+/* One element of a response's choices: the parsed message (chat) or the text. */
+static json_t *choice_json(const struct job *j, int index, const char *text, size_t len,
+                           json_t *lp_kept, enum engine_finish finish) {
     if (j->is_chat) {
         struct chat_parsed p;
-        chat_parse(text, j->text.len, j->in_thinking, j->tools, NULL, &p);
+        chat_parse(text, len, j->in_thinking, j->tools, NULL, &p);
         json_t *msg = json_pack("{s:s}", "role", "assistant");
         /* with lengths: a NUL the model wrote is text (the stream carries it as \u0000) */
         json_object_set_new(msg, "content", p.n_tool_calls && !p.content_len
@@ -1040,21 +1086,41 @@ json_t *api_job_response(struct job *j, int *status) {
                                 json_stringn(p.reasoning_content, p.reasoning_len));
         if (p.n_tool_calls) json_object_set_new(msg, "tool_calls", chat_parsed_tool_calls_json(&p));
         json_t *lp = j->req.logprobs
-                         ? json_pack("{s:o}", "content", j->lp ? json_incref(j->lp) : json_array())
+                         ? json_pack("{s:o}", "content", lp_kept ? json_incref(lp_kept) : json_array())
                          : json_null();
-        choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "message", msg, "logprobs", lp,
-                           "finish_reason", finish_reason(j, p.n_tool_calls, p.truncated));
+        json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", index, "message", msg, "logprobs", lp,
+                                   "finish_reason", finish_reason(finish, p.n_tool_calls, p.truncated));
         chat_parsed_free(&p);
-    } else {
-        json_t *lp = !j->req.logprobs ? json_null() : j->lp ? json_incref(j->lp) : cmpl_lp_new();
-        choice = json_pack("{s:s%,s:i,s:o,s:s}", "text", text, j->text.len, "index", 0, "logprobs",
-                           lp, "finish_reason", finish_reason(j, 0, 0));
+        return choice;
     }
-    const int n_gen = j->res.n_generated;
-    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:{s:i,s:i,s:i,s:{s:i}},s:o}", "id", j->id, "object",
+    json_t *lp = !j->req.logprobs ? json_null() : lp_kept ? json_incref(lp_kept) : cmpl_lp_new();
+    return json_pack("{s:s%,s:i,s:o,s:s}", "text", text, len, "index", index, "logprobs", lp,
+                     "finish_reason", finish_reason(finish, 0, 0));
+}
+
+json_t *api_job_response(struct job *j, int *status) {
+    if (j->failed) {
+        struct api_error e = {.status = j->fail_status,
+                              .type = j->fail_status == 503 ? "unavailable_error" : "server_error"};
+        snprintf(e.message, sizeof e.message, "%s", j->fail_msg);
+        *status = j->fail_status;
+        return api_error_json(&e);
+    }
+    *status = 200;
+    json_t *choices = json_array();
+    if (j->n_choices > 1) {
+        for (int i = 0; i < j->n_done; i++)
+            json_array_append_new(choices, choice_json(j, i, j->choices[i].text, j->choices[i].len,
+                                                       j->choices[i].lp, j->choices[i].finish));
+    } else {
+        json_array_append_new(choices, choice_json(j, 0, j->text.s ? j->text.s : "", j->text.len,
+                                                   j->lp, j->res.finish));
+    }
+    const int n_gen = j->total_generated;
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:{s:i,s:i,s:i,s:{s:i}},s:o}", "id", j->id, "object",
                      j->is_chat ? "chat.completion" : "text_completion", "created",
                      (json_int_t)j->created, "model", j->model_name, "system_fingerprint",
-                     "strata", "choices", choice, "usage", "prompt_tokens", j->res.n_prompt,
+                     "strata", "choices", choices, "usage", "prompt_tokens", j->res.n_prompt,
                      "completion_tokens", n_gen, "total_tokens", j->res.n_prompt + n_gen,
                      "prompt_tokens_details", "cached_tokens", j->res.timings.cache_n,
                      "timings", timings_json(&j->res.timings));

@@ -58,6 +58,20 @@ struct job {
     const char *tool_name; /* tool_choice naming a function */
     int tools_required, parallel_calls;
     struct grammar_matcher *matcher;
+    struct grammar *grammar;             /* each choice's matcher comes from it */
+    const struct grammar_vocab *gvocab;
+    /* n > 1: the choices, generated one after the other (the prompt's prefill is resumed from
+     * the prefix cache), seeds seed, seed + 1, ...; each finished one is kept here */
+    int n_choices;
+    struct job_choice {
+        char *text;
+        size_t len;
+        json_t *lp;
+        enum engine_finish finish;
+        int n_generated;
+    } *choices;
+    int n_done, total_generated;
+    size_t chunk_base_len; /* chunk_head up to the choice's index */
     /* logprobs: each emitted token's entry, non-streaming (chat: the "content" array;
      * completions: the legacy object of parallel arrays) */
     const struct tokenizer *tok;

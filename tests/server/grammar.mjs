@@ -8,6 +8,7 @@
 //     instance + 25 (the grammar closes structures in time for the budget);
 //   - json_object, tool_choice "required" / named with parallel_tool_calls false, unsupported
 //     schema features (400 naming the keyword), GBNF (400);
+//   - n > 1 (distinct choices, reproducible by seed, streamed by index, each under the grammar);
 //   - logprobs + top_logprobs (chat, streamed and not) and the integer logprobs of /v1/completions;
 //   - the SDK helpers agents use: openai chat.completions.parse with zodResponseFormat, Vercel
 //     ai generateObject and generateText(toolChoice: 'required') over @ai-sdk/openai-compatible,
@@ -294,6 +295,34 @@ try {
     expect(bad.status === 400 && bad.body.error.param === "top_logprobs", `top_logprobs without logprobs: ${JSON.stringify(bad.body)}`);
     bad = await post("/v1/chat/completions", { model: "demo", messages: user("x"), logprobs: true, top_logprobs: 21 });
     expect(bad.status === 400 && bad.body.error.param === "top_logprobs", `top_logprobs 21: ${JSON.stringify(bad.body)}`);
+  }
+
+  // ---- n > 1 ---------------------------------------------------------------------------------
+  {
+    const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: key, maxRetries: 0 });
+    const req = { model: "demo", messages: user("Tell me a fortune."), max_tokens: 12, temperature: 1, seed: 42, n: 3, ...noThink };
+    const a = await client.chat.completions.create(req), b = await client.chat.completions.create(req);
+    const texts = a.choices.map((c) => c.message.content);
+    expect(a.choices.length === 3 && a.choices.every((c, i) => c.index === i) && new Set(texts).size > 1 &&
+      b.choices.every((c, i) => c.message.content === texts[i]) &&
+      a.usage.completion_tokens >= 3 && a.usage.completion_tokens <= 3 * 12,
+      `n=3: distinct and reproducible choices: ${JSON.stringify(texts)} / ${JSON.stringify(b.choices.map((c) => c.message.content))}`);
+    const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+    const st = [], fin = [];
+    let usage = null;
+    for await (const ch of stream) {
+      for (const c of ch.choices) {
+        st[c.index] = (st[c.index] || "") + (c.delta?.content || "");
+        if (c.finish_reason) fin[c.index] = c.finish_reason;
+      }
+      if (ch.usage) usage = ch.usage;
+    }
+    expect(st.length === 3 && st.every((t, i) => t === texts[i]) && fin.length === 3 && usage?.completion_tokens === a.usage.completion_tokens,
+      `n=3 streamed: ${JSON.stringify(st)} ${JSON.stringify(fin)} ${JSON.stringify(usage)}`);
+    const s = corpus.find((c) => c.name === "weather").schema;
+    const g = await post("/v1/chat/completions", { model: "demo", messages: user("Weather"), n: 2, seed: 9, max_tokens: 60, response_format: { type: "json_schema", json_schema: { name: "w", schema: s } }, ...noThink });
+    expect(g.status === 200 && g.body.choices.length === 2 && g.body.choices.every((c) => { try { return valid(JSON.parse(c.message.content), s, s); } catch { return false; } }),
+      `n=2 with a schema: ${JSON.stringify(g.body).slice(0, 500)}`);
   }
 
   // ---- the SDKs --------------------------------------------------------------------------------
