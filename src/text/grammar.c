@@ -1338,7 +1338,7 @@ struct grammar_vocab *grammar_vocab_new(int n_tokens, const char *const *bytes, 
     v->tend = xmalloc(cap * sizeof *v->tend);
     v->ttok = xmalloc(cap * sizeof *v->ttok);
     v->tnext = xmalloc((size_t)n_tokens * sizeof *v->tnext);
-    int32_t path[65536 + 1];
+    int32_t *path = xmalloc((65536 + 1) * sizeof *path); /* the trie nodes of the current token */
     int depth = 0;
     const char *prev = NULL;
     uint32_t prev_len = 0;
@@ -1362,6 +1362,7 @@ struct grammar_vocab *grammar_vocab_new(int n_tokens, const char *const *bytes, 
         prev = p, prev_len = l;
     }
     while (depth > 0) v->tend[path[depth--]] = v->n_nodes;
+    free(path);
     free(ids);
     pthread_mutex_init(&v->mu, NULL);
     return v;
