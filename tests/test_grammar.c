@@ -205,7 +205,9 @@ static char *walk(struct grammar *g, struct grammar_vocab *v, const struct vocab
         mask_ms_total += dt;
         mask_steps++;
         if (dt > mask_ms_max) mask_ms_max = dt;
-        if (step < brute_steps) { /* the unlimited mask is exact; the budgeted one a subset */
+        /* the unlimited mask is exact; the budgeted one a subset (the first brute_steps steps,
+         * then every 16th: inside strings, nested values, near the budget's end) */
+        if (step < brute_steps || (brute_steps > 0 && step % 16 == 0)) {
             grammar_matcher_mask(m, full, 0);
             check_mask(m, vs, full, what);
             int extra = 0;
