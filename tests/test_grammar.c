@@ -90,6 +90,13 @@ static int valid(const json_t *v, const json_t *s, const json_t *root, int depth
         for (size_t i = 0; i < json_array_size(ty); i++) ok |= is_type(v, json_string_value(json_array_get(ty, i)));
         if (!ok) return 0;
     }
+    if (json_is_string(v)) { /* lengths in code points */
+        size_t n = 0;
+        for (size_t i = 0; i < json_string_length(v); i++) n += ((unsigned char)json_string_value(v)[i] & 0xC0) != 0x80;
+        const json_t *b;
+        if ((b = json_object_get(s, "minLength")) && (json_int_t)n < json_integer_value(b)) return 0;
+        if ((b = json_object_get(s, "maxLength")) && (json_int_t)n > json_integer_value(b)) return 0;
+    }
     if (json_is_number(v)) {
         double x = json_number_value(v);
         const json_t *b;
@@ -461,7 +468,7 @@ static void test_real_vocab(const json_t *corpus, struct tokenizer *tok, struct 
 
 static const char *tools_json =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\","
+    "\"properties\":{\"city\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":24},\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\","
     "\"fahrenheit\"]},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":{\"type\":\"object\","
     "\"properties\":{\"query\":{\"type\":\"string\"},\"filters\":{\"type\":\"object\",\"properties\":"

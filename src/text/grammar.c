@@ -87,6 +87,7 @@ struct builder {
     int failed;
     /* the prelude's rules (start states) */
     int32_t ws, str, str_t, raw_t, num, integer, value, value_t, object, object_t, array, array_t;
+    int32_t str_body, str_t_body, raw_t_body; /* their text states with no partial pattern */
     /* schema compiling */
     const json_t *root; /* what "#" means in a $ref */
     struct memo *memo;
@@ -248,7 +249,8 @@ static void utf8_leads(struct builder *b, int32_t from, const struct utf8 *u) {
 
 /* A JSON string ("..." with escapes) whose raw bytes never contain the patterns (json = 1), or
  * raw text that never contains them (json = 0: any valid UTF-8 but NUL, accepted anywhere). */
-static int32_t build_text(struct builder *b, const char *const *pat, int n_pat, int json) {
+static int32_t build_text(struct builder *b, const char *const *pat, int n_pat, int json,
+                          int32_t *body0) {
     struct ac a;
     ac_build(&a, pat, n_pat);
     int32_t start = st_new(b), end = json ? st_new(b) : -1;
@@ -299,6 +301,7 @@ static int32_t build_text(struct builder *b, const char *const *pat, int n_pat, 
         edges_by(b, body[k], 0, 127, target);
         utf8_leads(b, body[k], &u);
     }
+    *body0 = body[0];
     return start;
 }
 
@@ -373,9 +376,9 @@ static void build_prelude(struct builder *b) {
     b->ws = build_ws(b);
     static const char *const content_pat[] = {"<tool_call>"};
     static const char *const tool_pat[] = {"</parameter>", "<parameter=", "</function>"};
-    b->str = build_text(b, content_pat, 1, 1);
-    b->str_t = build_text(b, tool_pat, 3, 1);
-    b->raw_t = build_text(b, tool_pat, 3, 0);
+    b->str = build_text(b, content_pat, 1, 1, &b->str_body);
+    b->str_t = build_text(b, tool_pat, 3, 1, &b->str_t_body);
+    b->raw_t = build_text(b, tool_pat, 3, 0, &b->raw_t_body);
     b->num = build_number(b, 0);
     b->integer = build_number(b, 1);
     for (int t = 0; t < 2; t++) {
@@ -417,7 +420,7 @@ static size_t path_push(struct builder *b, const char *part) {
 static void path_pop(struct builder *b, size_t n) { b->path[n] = 0; }
 
 static const char *const refused_kw[] = {
-    "pattern", "format", "minLength", "maxLength", "multipleOf", "allOf", "not", "if", "then", "else", "patternProperties",
+    "pattern", "format", "multipleOf", "allOf", "not", "if", "then", "else", "patternProperties",
     "propertyNames", "minProperties", "maxProperties", "uniqueItems", "contains", "minContains",
     "maxContains", "prefixItems", "additionalItems", "unevaluatedProperties", "unevaluatedItems",
     "dependentRequired", "dependentSchemas", "dependencies", "$dynamicRef", "$recursiveRef",
@@ -615,6 +618,81 @@ static int array_items(struct builder *b, const json_t *node, int32_t s, int32_t
     return 0;
 }
 
+/* ---- string lengths (minLength / maxLength) --------------------------------------------- */
+
+#define MAX_STR_LEN 32 /* minLength / maxLength up to this: a copy of the text states per count */
+
+/* A string of mn..mx characters (mx < 0: no maximum), counted in code points as JSON Schema
+ * does (an escape is one). json: a quoted JSON string (tool: a tool parameter's); else a tool
+ * call's raw text. The counted characters exclude '<' (no tag can start there; JSON writes it
+ * \u003c); past the count, the plain text states take over. */
+static int32_t counted_text(struct builder *b, long long mn, long long mx, int json, int tool) {
+    const int K = (int)(mx >= 0 ? mx : mn);
+    int32_t s = st_new(b), end = json ? st_new(b) : -1;
+    if (json) b->acc[end] = 1;
+    int32_t c[MAX_STR_LEN + 1];
+    for (int k = 0; k <= K; k++) c[k] = st_new(b);
+    if (json) edge(b, s, '"', '"', c[0]);
+    else eps(b, s, c[0]);
+    for (int k = 0; k <= K; k++) {
+        if (k >= mn) {
+            if (json) edge(b, c[k], '"', '"', end);
+            else b->acc[c[k]] = 1;
+        }
+        if (k == K) {
+            if (mx < 0) eps(b, c[k], json ? (tool ? b->str_t_body : b->str_body) : b->raw_t_body);
+            break;
+        }
+        int32_t target[128];
+        for (int ch = 0; ch < 128; ch++) {
+            target[ch] = c[k + 1];
+            if ((json && ch < 0x20) || ch == 0 || ch == '<') target[ch] = -1;
+            if (json && (ch == '"' || ch == '\\')) target[ch] = -1;
+        }
+        edges_by(b, c[k], 0, 127, target);
+        struct utf8 u;
+        utf8_states(b, &u, c[k + 1]);
+        utf8_leads(b, c[k], &u);
+        if (json) { /* escapes, as build_text's, back to c[k + 1] */
+            int32_t esc = byte1(b, c[k], '\\'), u1 = st_new(b), h3 = st_new(b), h2 = st_new(b),
+                    h1 = st_new(b), z2 = st_new(b), z3 = st_new(b), z4 = st_new(b);
+            static const char simple[] = "\"\\/bfnrt";
+            for (const char *q = simple; *q; q++) edge(b, esc, *q, *q, c[k + 1]);
+            edge(b, esc, 'u', 'u', u1);
+            edge(b, u1, '1', '9', h3), edge(b, u1, 'A', 'C', h3), edge(b, u1, 'a', 'c', h3);
+            edge(b, u1, '0', '0', z2);
+            int32_t hs[3] = {h3, h2, h1}, nx[3] = {h2, h1, c[k + 1]};
+            for (int i = 0; i < 3; i++)
+                edge(b, hs[i], '0', '9', nx[i]), edge(b, hs[i], 'A', 'F', nx[i]), edge(b, hs[i], 'a', 'f', nx[i]);
+            int32_t zs[3] = {z2, z3, z4}, zn[3] = {z3, z4, -1}, zh[3] = {h2, h1, c[k + 1]};
+            for (int i = 0; i < 3; i++) {
+                edge(b, zs[i], '1', '9', zh[i]), edge(b, zs[i], 'A', 'F', zh[i]), edge(b, zs[i], 'a', 'f', zh[i]);
+                if (zn[i] >= 0) edge(b, zs[i], '0', '0', zn[i]);
+            }
+        }
+    }
+    return s;
+}
+
+/* minLength / maxLength of a string schema: 1 when given (mn, mx set), 0 when not, -1 bad. */
+static int str_bounds(struct builder *b, const json_t *node, long long *mn, long long *mx) {
+    const json_t *lo = json_object_get(node, "minLength"), *hi = json_object_get(node, "maxLength");
+    *mn = 0, *mx = -1;
+    if (!lo && !hi) return 0;
+    if ((lo && (!json_is_integer(lo) || json_integer_value(lo) < 0)) ||
+        (hi && (!json_is_integer(hi) || json_integer_value(hi) < 0)))
+        return fail(b, "%s", "'minLength' / 'maxLength' must be non-negative integers");
+    if (lo) *mn = json_integer_value(lo);
+    if (hi) *mx = json_integer_value(hi);
+    if (*mn > MAX_STR_LEN || *mx > MAX_STR_LEN) {
+        char m[16];
+        snprintf(m, sizeof m, "%d", MAX_STR_LEN);
+        return fail(b, "'minLength' / 'maxLength' above %s are not supported", m);
+    }
+    if (*mx >= 0 && *mx < *mn) return fail(b, "%s", "'maxLength' is below 'minLength'");
+    return 1;
+}
+
 /* ---- numeric bounds (minimum / maximum) ------------------------------------------------ */
 
 #define INT_DIGITS_MAX 999999999999999LL /* 15 digits: every integer the grammar writes */
@@ -735,7 +813,12 @@ static int number_range(struct builder *b, const json_t *node, int32_t s, int32_
 
 static int compile_type(struct builder *b, const json_t *node, const char *t, int32_t s,
                         int32_t end, int tool) {
-    if (!strcmp(t, "string")) eps(b, call(b, s, tool ? b->str_t : b->str), end);
+    if (!strcmp(t, "string")) {
+        long long mn, mx;
+        int r = str_bounds(b, node, &mn, &mx);
+        if (r < 0) return -1;
+        eps(b, call(b, s, r ? counted_text(b, mn, mx, 1, tool) : tool ? b->str_t : b->str), end);
+    }
     else if (!strcmp(t, "number")) {
         if (json_object_get(node, "minimum") || json_object_get(node, "maximum") ||
             json_object_get(node, "exclusiveMinimum") || json_object_get(node, "exclusiveMaximum"))
@@ -987,10 +1070,13 @@ static int32_t tool_call_rule(struct builder *b, const json_t *tools, const char
                         break;
                     }
                 if (b->failed) break;
+                long long mn, mx;
+                int r = json_is_object(ps) ? str_bounds(b, ps, &mn, &mx) : 0;
+                if (r < 0) break;
                 if (json_object_get(ps, "enum") || json_object_get(ps, "const")) {
                     if (enum_alts(b, ps, x, y, 1)) break;
                 } else {
-                    eps(b, call(b, x, b->raw_t), y);
+                    eps(b, call(b, x, r ? counted_text(b, mn, mx, 0, 1) : b->raw_t), y);
                 }
             } else {
                 int32_t r = schema_rule(b, ps, 1);

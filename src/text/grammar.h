@@ -10,6 +10,8 @@
  *     complete only a stop token is allowed (the model cannot loop on whitespace).
  *   - Object properties in the schema's order; optional ones may be left out; additional
  *     properties only where the schema has no "properties" (then any key).
+ *   - Strings: minLength / maxLength up to 32 characters (code points; a counted character is
+ *     never '<', which JSON writes \u003c).
  *   - Numbers with at most 15 integer digits, 16 fraction digits and 2 exponent digits;
  *     integer minimum / maximum (exclusive too) exactly, number ones when they are integers and
  *     the minimum >= 0. String

@@ -64,6 +64,10 @@ function valid(v, s, rootSchema, depth = 0) {
   if (s.oneOf && s.oneOf.filter((a) => valid(v, a, rootSchema, depth + 1)).length !== 1) return false;
   if (typeof s.type === "string" && !isType(v, s.type)) return false;
   if (Array.isArray(s.type) && !s.type.some((t) => isType(v, t))) return false;
+  if (typeof v === "string") { // lengths in code points
+    if (s.minLength !== undefined && [...v].length < s.minLength) return false;
+    if (s.maxLength !== undefined && [...v].length > s.maxLength) return false;
+  }
   if (typeof v === "number") {
     if (s.minimum !== undefined && v < s.minimum) return false;
     if (s.maximum !== undefined && v > s.maximum) return false;
@@ -99,7 +103,7 @@ function minBytes(s, rootSchema, depth = 0) {
   if (!types) return 1;
   return Math.min(...types.map((t) => {
     switch (t) {
-      case "string": return 2;
+      case "string": return 2 + (s.minLength || 0);
       case "boolean": return 4;
       case "null": return 4;
       case "integer": case "number": {
