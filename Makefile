@@ -75,9 +75,10 @@ $(BUILD)/tests/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/f
 # The suite: every test binary, plus the loader's malformed-input corpus under ASan + UBSan.
 ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 ASAN_TESTS := build-asan/tests/test_loader
-# the include layers, the command line, and the server as real clients see it: the openai npm package and curl
+# the include layers, the command line, and the server as real clients see it: the openai npm package, curl,
+# and constrained decoding through the SDKs' structured-output helpers (grammar.mjs)
 # (need scripts/install-deps.sh)
-CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/curl.sh
+CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/grammar.mjs tests/server/curl.sh
 test: $(BUILD)/strata $(TESTS) $(REPLAYS)
 	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(ASAN_TESTS) >/dev/null
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(REPLAYS) $(ASAN_TESTS) $(CLIENT_TESTS)

@@ -19,7 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# the openai npm package for tests/server (pinned by its package-lock.json)
-if [ ! -d "$(dirname "$0")/../tests/server/node_modules/openai" ]; then
+# the npm clients of tests/server (openai, and the SDKs grammar.mjs drives: ai,
+# @ai-sdk/openai-compatible, @langchain/openai, zod), pinned by its package-lock.json; installed
+# again when one is missing (a node_modules from before a package was added)
+srv="$(dirname "$0")/../tests/server/node_modules"
+if [ ! -d "$srv/openai" ] || [ ! -d "$srv/ai" ] || [ ! -d "$srv/@ai-sdk/openai-compatible" ] ||
+   [ ! -d "$srv/@langchain/openai" ] || [ ! -d "$srv/zod" ]; then
     npm ci --prefix "$(dirname "$0")/../tests/server" --no-audit --no-fund --loglevel=error
 fi

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "text/grammar.h"
 #include "text/tokenizer.h"
 
 /* ---- JSON string escaping ------------------------------------------------------------ */
@@ -185,6 +186,277 @@ static uint64_t next_rand(uint64_t *rng, pthread_mutex_t *mu) {
     return z ^ (z >> 31);
 }
 
+/* ---- constrained decoding: response_format, json_schema, grammar, tool_choice ----------- */
+
+/* response_format {type: text | json_object | json_schema {name, schema, strict}}, and
+ * llama-server's json_schema (a schema) and grammar (GBNF: refused) fields. */
+static int parse_response_format(struct job *j, const json_t *rq, struct api_error *e) {
+    const json_t *v = json_object_get(rq, "response_format");
+    if (v && !json_is_null(v)) {
+        const char *t = json_string_value(json_object_get(v, "type"));
+        if (!json_is_object(v) || !t)
+            return bad(e, "response_format", "'response_format' must be an object with a 'type'");
+        j->rf_param = "response_format";
+        if (!strcmp(t, "json_object")) {
+            j->rf_json_object = 1;
+        } else if (!strcmp(t, "json_schema")) {
+            const json_t *js = json_object_get(v, "json_schema");
+            if (!json_is_object(js))
+                return bad(e, "response_format", "response_format type 'json_schema' needs a "
+                           "'json_schema' object ({\"name\", \"schema\", \"strict\"})");
+            const json_t *st = json_object_get(js, "strict");
+            if (st && !json_is_null(st) && !json_is_boolean(st))
+                return bad(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
+            j->rf_schema = json_object_get(js, "schema");
+            if (!j->rf_schema || json_is_null(j->rf_schema))
+                return bad(e, "response_format", "'response_format.json_schema.schema' is required");
+        } else if (strcmp(t, "text") != 0) {
+            return bad(e, "response_format", "response_format type '%s' is not one of text, "
+                       "json_object, json_schema", QUOTE(t));
+        }
+    }
+    v = json_object_get(rq, "json_schema"); /* llama-server */
+    if (v && !json_is_null(v)) {
+        if (j->rf_schema || j->rf_json_object)
+            return bad(e, "json_schema", "give either 'json_schema' or 'response_format', not both");
+        j->rf_schema = v;
+        j->rf_param = "json_schema";
+    }
+    v = json_object_get(rq, "grammar");
+    if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0))
+        return bad(e, "grammar", "'grammar' (GBNF) is not supported; constrain the output with "
+                   "'response_format' {\"type\": \"json_schema\"} or 'json_schema' instead");
+    return 0;
+}
+
+/* tool_choice "auto" | "none" | "required" | {"type":"function","function":{"name"}} and
+ * parallel_tool_calls; *drop_tools for "none". */
+static int parse_tool_choice(struct job *j, const json_t *rq, int *drop_tools, struct api_error *e) {
+    const json_t *tc = json_object_get(rq, "tool_choice");
+    j->parallel_calls = 1;
+    if (get_bool(rq, "parallel_tool_calls", &j->parallel_calls, e) < 0) return -1;
+    if (!tc || json_is_null(tc)) return 0;
+    const char *s = json_string_value(tc);
+    if (s && !strcmp(s, "none")) {
+        *drop_tools = 1;
+        return 0;
+    }
+    if (s && !strcmp(s, "auto")) return 0;
+    if (s && !strcmp(s, "required")) {
+        j->tools_required = 1;
+    } else if (json_is_object(tc)) {
+        const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        if (!name)
+            return bad(e, "tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}");
+        int found = 0;
+        for (size_t i = 0; j->tools && i < json_array_size(j->tools); i++) {
+            const char *n = json_string_value(json_object_get(json_object_get(json_array_get(j->tools, i), "function"), "name"));
+            if (n && !strcmp(n, name)) found = 1;
+        }
+        if (!found)
+            return bad(e, "tool_choice", "'tool_choice' names the function '%s', which is not in "
+                       "'tools'", QUOTE(name));
+        j->tool_name = name;
+    } else {
+        return bad(e, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                   "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (!j->tools)
+        return bad(e, "tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
+    return 0;
+}
+
+/* The token table of a tokenizer (every non-special token's bytes) with the model's vocab_size
+ * rows, made once per tokenizer: the trie and the built-in rules' classes live in it. */
+static struct grammar_vocab *vocab_for(const struct tokenizer *tok, const struct model *m) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static struct {
+        const struct tokenizer *tok;
+        int n;
+        struct grammar_vocab *v;
+    } slot[4];
+    const struct config *c = model_config(m);
+    const int n = c->vocab_size;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < 4; i++)
+        if (slot[i].v && slot[i].tok == tok && slot[i].n == n) {
+            pthread_mutex_unlock(&mu);
+            return slot[i].v;
+        }
+    const char **bytes = xcalloc((size_t)n, sizeof *bytes);
+    size_t *len = xcalloc((size_t)n, sizeof *len);
+    for (int i = 0; i < n && i < tokenizer_vocab_size(tok); i++)
+        if (!tokenizer_is_special(tok, i)) bytes[i] = tokenizer_token_bytes(tok, i, &len[i]);
+    int32_t stop[ENGINE_MAX_EOS + 2];
+    int n_stop = 0;
+    for (int i = 0; i < c->n_eos_token_id && n_stop < ENGINE_MAX_EOS; i++) stop[n_stop++] = c->eos_token_id[i];
+    stop[n_stop++] = tokenizer_token_id(tok, "<|im_end|>");
+    stop[n_stop++] = tokenizer_token_id(tok, "<|endoftext|>");
+    struct grammar_vocab *v = grammar_vocab_new(n, bytes, len, stop, n_stop);
+    free(bytes);
+    free(len);
+    int k = 0;
+    for (int i = 0; i < 4; i++)
+        if (!slot[i].v) k = i;
+    /* a fifth tokenizer (tests only) replaces a slot; the vocabulary it held is kept (a job may
+     * still use it) */
+    slot[k].tok = tok, slot[k].n = n, slot[k].v = v;
+    pthread_mutex_unlock(&mu);
+    return v;
+}
+
+/* Compiled grammars by their spec, so that a repeated schema keeps its per-state caches. */
+#define GRAMMAR_CACHE 16
+static struct grammar *grammar_cached(const struct grammar_spec *sp, struct error *err) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char *keys[GRAMMAR_CACHE];
+    static struct grammar *gs[GRAMMAR_CACHE];
+    static int next;
+    json_t *k = json_pack("{s:O?,s:i,s:O?,s:s?,s:i,s:i,s:i}", "schema", sp->schema, "json_object",
+                          sp->json_object, "tools", sp->tools, "tool_name", sp->tool_name,
+                          "required", sp->tools_required, "parallel", sp->parallel, "think",
+                          sp->after_think);
+    char *key = k ? json_dumps(k, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    json_decref(k);
+    pthread_mutex_lock(&mu);
+    for (int i = 0; key && i < GRAMMAR_CACHE; i++)
+        if (keys[i] && !strcmp(keys[i], key)) {
+            grammar_ref(gs[i]);
+            pthread_mutex_unlock(&mu);
+            free(key);
+            return gs[i];
+        }
+    pthread_mutex_unlock(&mu);
+    struct grammar *g = grammar_compile(sp, err);
+    if (!g || !key) {
+        free(key);
+        return g;
+    }
+    pthread_mutex_lock(&mu);
+    int i = next++ % GRAMMAR_CACHE;
+    free(keys[i]);
+    grammar_unref(gs[i]);
+    keys[i] = key;
+    gs[i] = g;
+    grammar_ref(g);
+    pthread_mutex_unlock(&mu);
+    return g;
+}
+
+/* The matcher of a request that asks for structured output or a tool call; 0 when none does. */
+static int setup_grammar(struct job *j, const struct model *m, const struct tokenizer *tok,
+                         struct api_error *e) {
+    const int content = j->rf_schema || j->rf_json_object;
+    const int calls = j->is_chat && j->tools && (j->tools_required || j->tool_name);
+    if (!content && !calls) return 0;
+    struct grammar_spec sp = {
+        .schema = j->rf_schema,
+        .json_object = j->rf_json_object,
+        .tools = j->is_chat ? j->tools : NULL, /* with tool_choice auto: a call or the content */
+        .tool_name = j->tool_name,
+        .tools_required = j->tools_required,
+        .parallel = j->parallel_calls,
+        .after_think = j->in_thinking,
+    };
+    struct error err;
+    struct grammar *g = grammar_cached(&sp, &err);
+    if (!g && !calls && sp.tools && !strncmp(err.msg, "tools", 5)) { /* auto: content alone then */
+        sp.tools = NULL;
+        g = grammar_cached(&sp, &err);
+    }
+    if (!g) {
+        const int tool_err = !strncmp(err.msg, "tools", 5);
+        return bad(e, tool_err ? "tools" : j->rf_param, "%s%s", tool_err ? "" :
+                   !strcmp(j->rf_param, "json_schema") ? "json_schema: " : "response_format.json_schema.",
+                   err.msg);
+    }
+    j->grammar = g;
+    j->gvocab = vocab_for(tok, m);
+    j->matcher = grammar_matcher_new(g, j->gvocab, j->in_thinking ? "</think>" : NULL);
+    j->req.grammar = j->matcher;
+    return 0;
+}
+
+/* ---- logprobs ------------------------------------------------------------------------- */
+
+/* chat: logprobs (boolean) + top_logprobs (0..20); completions: logprobs (0..20, the number of
+ * alternatives). */
+static int parse_logprobs(struct job *j, const json_t *rq, struct api_error *e) {
+    long long n = 0;
+    int r;
+    if (j->is_chat) {
+        int on = 0;
+        if (get_bool(rq, "logprobs", &on, e) < 0) return -1;
+        if ((r = get_int(rq, "top_logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &n, e)) < 0) return -1;
+        if (r && !on) return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        j->req.logprobs = on;
+        j->req.top_logprobs = (int)n;
+        return 0;
+    }
+    const json_t *v = json_object_get(rq, "logprobs");
+    if (json_is_boolean(v)) /* llama-server style: true = the chosen tokens only */
+        return j->req.logprobs = json_is_true(v), 0;
+    if ((r = get_int(rq, "logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &n, e)) < 0) return -1;
+    j->req.logprobs = r;
+    j->req.top_logprobs = (int)n;
+    return 0;
+}
+
+/* A token's bytes as text (invalid UTF-8 as U+FFFD) and as OpenAI's "bytes" list. */
+static json_t *token_text(const struct tokenizer *tok, int32_t id, json_t **bytes_out) {
+    size_t n;
+    const char *b = tokenizer_token_bytes(tok, id, &n);
+    if (!b) n = 0;
+    struct strbuf s = {0};
+    strbuf_add(&s, "", 0);
+    json_t *bytes = json_array();
+    for (size_t i = 0; i < n;) {
+        int k = utf8_char_len(b + i, n - i);
+        if (k > 0) strbuf_add(&s, b + i, (size_t)k);
+        else strbuf_adds(&s, "\xEF\xBF\xBD"), k = 1;
+        for (int q = 0; q < k; q++) json_array_append_new(bytes, json_integer((unsigned char)b[i + q]));
+        i += (size_t)k;
+    }
+    json_t *t = json_stringn(s.s, s.len);
+    free(s.s);
+    if (bytes_out) *bytes_out = bytes;
+    else json_decref(bytes);
+    return t;
+}
+
+/* chat: {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]} */
+static json_t *chat_lp_entry(const struct job *j, const struct engine_event *ev) {
+    json_t *bytes, *tops = json_array();
+    json_t *t = token_text(j->tok, ev->id, &bytes);
+    for (int i = 0; i < ev->n_top && i < j->req.top_logprobs; i++) {
+        json_t *tb, *tt = token_text(j->tok, ev->top_ids[i], &tb);
+        json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", tt, "logprob",
+                                              (double)ev->top_logprobs[i], "bytes", tb));
+    }
+    return json_pack("{s:o,s:f,s:o,s:o}", "token", t, "logprob", (double)ev->logprob, "bytes", bytes,
+                     "top_logprobs", tops);
+}
+
+/* completions: appends one token to {"tokens", "token_logprobs", "top_logprobs", "text_offset"} */
+static void cmpl_lp_add(const struct job *j, json_t *lp, const struct engine_event *ev, size_t offset) {
+    json_array_append_new(json_object_get(lp, "tokens"), token_text(j->tok, ev->id, NULL));
+    json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(ev->logprob));
+    json_t *tops = json_object();
+    for (int i = 0; i < ev->n_top && i < j->req.top_logprobs; i++) {
+        json_t *tt = token_text(j->tok, ev->top_ids[i], NULL);
+        if (!json_object_get(tops, json_string_value(tt)))
+            json_object_set_new(tops, json_string_value(tt), json_real(ev->top_logprobs[i]));
+        json_decref(tt);
+    }
+    json_array_append_new(json_object_get(lp, "top_logprobs"), tops);
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)offset));
+}
+
+static json_t *cmpl_lp_new(void) {
+    return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
 /* Sampling (over the checkpoint's generation_config.json defaults), limits, stop strings,
  * stream flags: the fields both endpoints share. */
 static int parse_common(struct job *j, const json_t *rq, const struct model *m, int ctx, int vocab,
@@ -220,22 +492,13 @@ static int parse_common(struct job *j, const json_t *rq, const struct model *m, 
     if (r) j->req.max_tokens = n < 0 ? 0 : (int)n;
     (void)ctx;
 
-    if ((r = get_int(rq, "n", 1, 1 << 20, &n, e)) < 0) return -1;
-    if (r && n != 1) return bad(e, "n", "'n' must be 1: one choice per request is supported");
-    b = 0;
-    if (get_bool(rq, "logprobs", &b, e) < 0) return -1;
-    if (b) return bad(e, "logprobs", "'logprobs' is not supported");
-    const json_t *v = json_object_get(rq, "top_logprobs");
-    if (v && !json_is_null(v)) return bad(e, "top_logprobs", "'top_logprobs' is not supported");
-    v = json_object_get(rq, "response_format");
-    if (v && !json_is_null(v)) {
-        const char *t = json_string_value(json_object_get(v, "type"));
-        if (!json_is_object(v) || !t)
-            return bad(e, "response_format", "'response_format' must be an object with a 'type'");
-        if (strcmp(t, "text") != 0)
-            return bad(e, "response_format", "response_format type '%s' is not supported "
-                       "(no constrained decoding); only 'text'", QUOTE(t));
-    }
+    j->n_choices = 1;
+    if ((r = get_int(rq, "n", 1, 16, &n, e)) < 0) return -1;
+    if (r) j->n_choices = (int)n;
+    (void)b;
+    const json_t *v;
+    if (parse_logprobs(j, rq, e)) return -1;
+    if (parse_response_format(j, rq, e)) return -1;
     if (get_bool(rq, "ignore_eos", &j->req.ignore_eos, e) < 0) return -1;
     v = json_object_get(rq, "logit_bias");
     if (v && !json_is_null(v)) {
@@ -367,14 +630,7 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
         if (json_array_size(tools) > 0) j->tools = tools;
     }
     int drop_tools = 0;
-    const json_t *tc = json_object_get(rq, "tool_choice");
-    if (tc && !json_is_null(tc)) {
-        const char *s = json_string_value(tc);
-        if (s && !strcmp(s, "none")) drop_tools = 1;
-        else if (!s || strcmp(s, "auto") != 0)
-            return bad(e, "tool_choice", "'tool_choice' must be \"auto\" or \"none\" (forcing a "
-                       "call needs constrained decoding, which strata does not have)");
-    }
+    if (parse_tool_choice(j, rq, &drop_tools, e)) return -1;
     const json_t *kw = json_object_get(rq, "chat_template_kwargs");
     if (kw && !json_is_null(kw)) {
         if (!json_is_object(kw))
@@ -451,6 +707,7 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     j->fd = -1;
     j->is_chat = is_chat;
     j->request = rq;
+    j->tok = tok;
     snprintf(j->model_name, sizeof j->model_name, "%s", model_name);
     const int ctx = model_ctx(m);
     if (check_model_name(rq, e) || parse_common(j, rq, m, ctx, model_config(m)->vocab_size, rng, rng_mu, e)) goto fail;
@@ -483,6 +740,7 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     }
     j->req.prompt = j->ids;
     j->req.n_prompt = j->n_ids;
+    if (setup_grammar(j, m, tok, e)) goto fail;
     const json_t *fo = json_object_get(rq, "strata_forced_output");
     if (fo && !json_is_null(fo)) {
         struct error err;
@@ -522,7 +780,10 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
     strbuf_printf(&h, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id,
                 is_chat ? "chat.completion.chunk" : "text_completion", j->created);
     sbuf_json_str(&h, j->model_name, strlen(j->model_name));
-    strbuf_adds(&h, ",\"system_fingerprint\":\"strata\",\"choices\":[{\"index\":0,");
+    strbuf_adds(&h, ",\"system_fingerprint\":\"strata\",\"choices\":[{\"index\":");
+    j->chunk_base_len = h.len;
+    strbuf_adds(&h, "0,               "); /* room for any choice's index (set_choice_head) */
+    h.s[j->chunk_base_len + 2] = 0;
     j->chunk_head = h.s;
     return j;
 fail:
@@ -532,6 +793,14 @@ fail:
 
 void api_job_free(struct job *j) {
     if (!j) return;
+    grammar_matcher_free(j->matcher);
+    grammar_unref(j->grammar);
+    for (int i = 0; i < j->n_done; i++) {
+        free(j->choices[i].text);
+        json_decref(j->choices[i].lp);
+    }
+    free(j->choices);
+    json_decref(j->lp);
     json_decref(j->request);
     free(j->ids);
     free(j->forced);
@@ -610,7 +879,14 @@ static int job_emit(void *user, const struct engine_event *ev) {
     const double t_in = now_ms();
     if (ev->id >= 0 && ev->n_generated == 1) j->t_first = t_in;
     pthread_mutex_lock(&j->mu);
+    const size_t offset = j->text.len;
     if (ev->len) strbuf_add(&j->text, ev->text, ev->len);
+    const int lp = j->req.logprobs && ev->id >= 0;
+    if (lp && !j->stream) { /* kept for the response */
+        if (!j->lp) j->lp = j->is_chat ? json_array() : cmpl_lp_new();
+        if (j->is_chat) json_array_append_new(j->lp, chat_lp_entry(j, ev));
+        else cmpl_lp_add(j, j->lp, ev, offset);
+    }
     if (j->stream) {
         size_t before = j->out.len;
         if (j->is_chat) {
@@ -620,6 +896,28 @@ static int job_emit(void *user, const struct engine_event *ev) {
                 strbuf_adds(&j->out, "\"content\":\"\"");
                 frame_end(j);
             }
+            if (lp) { /* the token's logprobs in a chunk of their own */
+                json_t *en = chat_lp_entry(j, ev);
+                char *s = json_dumps(en, JSON_COMPACT);
+                json_decref(en);
+                strbuf_adds(&j->out, j->chunk_head);
+                strbuf_adds(&j->out, "\"delta\":{},\"logprobs\":{\"content\":[");
+                strbuf_adds(&j->out, s);
+                strbuf_adds(&j->out, "]},\"finish_reason\":null}]}\n\n");
+                free(s);
+            }
+        } else if (lp) {
+            json_t *o = cmpl_lp_new();
+            cmpl_lp_add(j, o, ev, offset);
+            char *s = json_dumps(o, JSON_COMPACT);
+            json_decref(o);
+            strbuf_adds(&j->out, j->chunk_head);
+            strbuf_adds(&j->out, "\"text\":");
+            sbuf_json_str(&j->out, ev->text, ev->len);
+            strbuf_adds(&j->out, ",\"logprobs\":");
+            strbuf_adds(&j->out, s);
+            strbuf_adds(&j->out, ",\"finish_reason\":null}]}\n\n");
+            free(s);
         } else if (ev->len || (ev->id >= 0 && ev->n_generated == 1)) {
             frame_completion_text(j, ev->text, ev->len);
         }
@@ -630,8 +928,8 @@ static int job_emit(void *user, const struct engine_event *ev) {
     return atomic_load(&j->cancel) || (j->stopping && atomic_load(j->stopping));
 }
 
-static const char *finish_reason(const struct job *j, int n_tool_calls, int truncated) {
-    if (j->res.finish == ENGINE_FINISH_LENGTH || truncated) return "length";
+static const char *finish_reason(enum engine_finish f, int n_tool_calls, int truncated) {
+    if (f == ENGINE_FINISH_LENGTH || truncated) return "length";
     if (n_tool_calls > 0) return "tool_calls";
     return "stop"; /* also for "cancelled": nobody reads it */
 }
@@ -659,40 +957,83 @@ static json_t *timings_json(const struct engine_timings *t) {
                      t->prepare_ms, "prompt_feed_ms", t->feed_ms);
 }
 
+/* Chunks from now on are of choice c. */
+static void set_choice_head(struct job *j, int c) {
+    snprintf(j->chunk_head + j->chunk_base_len, 16, "%d,", c);
+}
+
+/* n > 1: the finished choice is kept, and the job made ready for the next (j->mu held). */
+static void next_choice(struct job *j) {
+    j->choices = xrealloc(j->choices, (size_t)(j->n_done + 1) * sizeof *j->choices);
+    struct job_choice *c = &j->choices[j->n_done++];
+    c->len = j->text.len;
+    c->text = strbuf_take(&j->text);
+    c->lp = j->lp;
+    c->finish = j->res.finish;
+    c->n_generated = j->res.n_generated;
+    j->lp = NULL;
+    j->sent_first = 0;
+    j->n_tool_calls = 0;
+}
+
 void api_job_run(struct job *j, struct engine *eng) {
-    if (j->is_chat && j->stream)
-        j->cs = chat_stream_new(j->in_thinking, j->tools, NULL, on_chat_delta, j);
     j->req.emit = job_emit;
     j->req.user = j;
     j->req.cancel = &j->cancel;
-    struct error err;
-    if (engine_generate(eng, &j->req, &j->res, &err) != 0) {
-        api_job_fail(j, 500, err.msg);
-        return;
-    }
-    /* stopped by the server's shutdown, not by its client: say so (an error event ends the
-     * stream; a waiting non-streaming client gets 503) rather than end without a word */
-    if (j->res.finish == ENGINE_FINISH_CANCELLED && !atomic_load(&j->cancel) && j->stopping &&
-        atomic_load(j->stopping)) {
-        api_job_fail(j, 503, "the server is shutting down; the generation was stopped");
-        return;
-    }
-    pthread_mutex_lock(&j->mu);
-    if (j->stream && j->res.finish != ENGINE_FINISH_CANCELLED) {
+    const uint64_t seed0 = j->req.sampling.seed;
+    j->total_generated = 0;
+    for (int c = 0; c < j->n_choices; c++) {
+        pthread_mutex_lock(&j->mu);
+        if (c > 0) {
+            next_choice(j);
+            j->req.sampling.seed = seed0 + (uint64_t)c;
+            if (j->grammar) {
+                grammar_matcher_free(j->matcher);
+                j->matcher = grammar_matcher_new(j->grammar, j->gvocab, j->in_thinking ? "</think>" : NULL);
+                j->req.grammar = j->matcher;
+            }
+        }
+        set_choice_head(j, c);
+        if (j->cs) chat_stream_free(j->cs);
+        j->cs = j->is_chat && j->stream ? chat_stream_new(j->in_thinking, j->tools, NULL, on_chat_delta, j) : NULL;
+        pthread_mutex_unlock(&j->mu);
+        struct error err;
+        if (engine_generate(eng, &j->req, &j->res, &err) != 0) {
+            api_job_fail(j, 500, err.msg);
+            return;
+        }
+        j->total_generated += j->res.n_generated;
+        /* stopped by the server's shutdown, not by its client: say so (an error event ends the
+         * stream; a waiting non-streaming client gets 503) rather than end without a word */
+        if (j->res.finish == ENGINE_FINISH_CANCELLED && !atomic_load(&j->cancel) && j->stopping &&
+            atomic_load(j->stopping)) {
+            api_job_fail(j, 503, "the server is shutting down; the generation was stopped");
+            return;
+        }
+        if (j->res.finish == ENGINE_FINISH_CANCELLED) break;
+        if (!j->stream) continue;
+        pthread_mutex_lock(&j->mu);
         int truncated = 0;
         if (j->cs) {
             chat_stream_finish(j->cs);
             truncated = chat_stream_truncated(j->cs);
         }
-        const int usage_tokens = j->res.n_generated;
         strbuf_adds(&j->out, j->chunk_head);
         if (j->is_chat) strbuf_adds(&j->out, "\"delta\":{},");
         else strbuf_adds(&j->out, "\"text\":\"\",");
         strbuf_printf(&j->out, "\"logprobs\":null,\"finish_reason\":\"%s\"}],",
-                    finish_reason(j, j->n_tool_calls, truncated));
+                    finish_reason(j->res.finish, j->n_tool_calls, truncated));
         timings_append(&j->out, &j->res.timings);
         strbuf_adds(&j->out, "}\n\n");
+        flush_out(j);
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->n_choices > 1 && j->res.finish != ENGINE_FINISH_CANCELLED) next_choice(j);
+    if (j->stream && j->res.finish != ENGINE_FINISH_CANCELLED) {
+        const int usage_tokens = j->total_generated;
         if (j->include_usage) {
+            set_choice_head(j, 0);
             strbuf_adds(&j->out, j->chunk_head);
             /* the head opened choices with an element; usage chunks carry an empty list */
             j->out.len -= strlen("{\"index\":0,");
@@ -732,20 +1073,12 @@ void api_job_fail(struct job *j, int status, const char *msg) {
     pthread_mutex_unlock(&j->mu);
 }
 
-json_t *api_job_response(struct job *j, int *status) {
-    if (j->failed) {
-        struct api_error e = {.status = j->fail_status,
-                              .type = j->fail_status == 503 ? "unavailable_error" : "server_error"};
-        snprintf(e.message, sizeof e.message, "%s", j->fail_msg);
-        *status = j->fail_status;
-        return api_error_json(&e);
-    }
-    *status = 200;
-    const char *text = j->text.s ? j->text.s : "";
-    json_t *choice;
+/* One element of a response's choices: the parsed message (chat) or the text. */
+static json_t *choice_json(const struct job *j, int index, const char *text, size_t len,
+                           json_t *lp_kept, enum engine_finish finish) {
     if (j->is_chat) {
         struct chat_parsed p;
-        chat_parse(text, j->text.len, j->in_thinking, j->tools, NULL, &p);
+        chat_parse(text, len, j->in_thinking, j->tools, NULL, &p);
         json_t *msg = json_pack("{s:s}", "role", "assistant");
         /* with lengths: a NUL the model wrote is text (the stream carries it as \u0000) */
         json_object_set_new(msg, "content", p.n_tool_calls && !p.content_len
@@ -755,18 +1088,42 @@ json_t *api_job_response(struct job *j, int *status) {
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(p.reasoning_content, p.reasoning_len));
         if (p.n_tool_calls) json_object_set_new(msg, "tool_calls", chat_parsed_tool_calls_json(&p));
-        choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
-                           "finish_reason", finish_reason(j, p.n_tool_calls, p.truncated));
+        json_t *lp = j->req.logprobs
+                         ? json_pack("{s:o}", "content", lp_kept ? json_incref(lp_kept) : json_array())
+                         : json_null();
+        json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", index, "message", msg, "logprobs", lp,
+                                   "finish_reason", finish_reason(finish, p.n_tool_calls, p.truncated));
         chat_parsed_free(&p);
-    } else {
-        choice = json_pack("{s:s%,s:i,s:n,s:s}", "text", text, j->text.len, "index", 0, "logprobs",
-                           "finish_reason", finish_reason(j, 0, 0));
+        return choice;
     }
-    const int n_gen = j->res.n_generated;
-    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:{s:i,s:i,s:i,s:{s:i}},s:o}", "id", j->id, "object",
+    json_t *lp = !j->req.logprobs ? json_null() : lp_kept ? json_incref(lp_kept) : cmpl_lp_new();
+    return json_pack("{s:s%,s:i,s:o,s:s}", "text", text, len, "index", index, "logprobs", lp,
+                     "finish_reason", finish_reason(finish, 0, 0));
+}
+
+json_t *api_job_response(struct job *j, int *status) {
+    if (j->failed) {
+        struct api_error e = {.status = j->fail_status,
+                              .type = j->fail_status == 503 ? "unavailable_error" : "server_error"};
+        snprintf(e.message, sizeof e.message, "%s", j->fail_msg);
+        *status = j->fail_status;
+        return api_error_json(&e);
+    }
+    *status = 200;
+    json_t *choices = json_array();
+    if (j->n_choices > 1) {
+        for (int i = 0; i < j->n_done; i++)
+            json_array_append_new(choices, choice_json(j, i, j->choices[i].text, j->choices[i].len,
+                                                       j->choices[i].lp, j->choices[i].finish));
+    } else {
+        json_array_append_new(choices, choice_json(j, 0, j->text.s ? j->text.s : "", j->text.len,
+                                                   j->lp, j->res.finish));
+    }
+    const int n_gen = j->total_generated;
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:{s:i,s:i,s:i,s:{s:i}},s:o}", "id", j->id, "object",
                      j->is_chat ? "chat.completion" : "text_completion", "created",
                      (json_int_t)j->created, "model", j->model_name, "system_fingerprint",
-                     "strata", "choices", choice, "usage", "prompt_tokens", j->res.n_prompt,
+                     "strata", "choices", choices, "usage", "prompt_tokens", j->res.n_prompt,
                      "completion_tokens", n_gen, "total_tokens", j->res.n_prompt + n_gen,
                      "prompt_tokens_details", "cached_tokens", j->res.timings.cache_n,
                      "timings", timings_json(&j->res.timings));

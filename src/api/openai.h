@@ -50,6 +50,32 @@ struct job {
     float *bias_values;
     int32_t *forced;      /* (req.n_forced,) strata_forced_output tokens + <|im_end|>, or NULL */
     struct engine_request req;
+    /* constrained decoding (response_format, json_schema, tool_choice): what the request asks
+     * for (borrowed from request), and the matcher the engine runs (owned) */
+    const json_t *rf_schema;
+    int rf_json_object;
+    const char *rf_param;  /* the field that asked: "response_format" or "json_schema" */
+    const char *tool_name; /* tool_choice naming a function */
+    int tools_required, parallel_calls;
+    struct grammar_matcher *matcher;
+    struct grammar *grammar;             /* each choice's matcher comes from it */
+    const struct grammar_vocab *gvocab;
+    /* n > 1: the choices, generated one after the other (the prompt's prefill is resumed from
+     * the prefix cache), seeds seed, seed + 1, ...; each finished one is kept here */
+    int n_choices;
+    struct job_choice {
+        char *text;
+        size_t len;
+        json_t *lp;
+        enum engine_finish finish;
+        int n_generated;
+    } *choices;
+    int n_done, total_generated;
+    size_t chunk_base_len; /* chunk_head up to the choice's index */
+    /* logprobs: each emitted token's entry, non-streaming (chat: the "content" array;
+     * completions: the legacy object of parallel arrays) */
+    const struct tokenizer *tok;
+    json_t *lp;
     char *stops[ENGINE_MAX_STOP];
     char id[48];
     long created;

@@ -5,15 +5,21 @@
  *
  * Greedy requests without penalties take the token from the backend's argmax (only 4 bytes
  * cross to the host; running ahead, model_step_greedy feeds it to the next step on the device
- * before the host reads it); everything else downloads the logits and runs the sampler.
+ * before the host reads it); sampling the backend takes (model_sample_begin) draws there too,
+ * run ahead the same way (model_step_sample) unless a grammar's mask or logprobs need the host
+ * at each step; the rest (top_p or min_p over the whole vocabulary) downloads the logits and
+ * runs the host sampler. logprobs come from the backend (model_logprobs).
  * Timings follow llama-server (server-context.cpp): prompt_ms covers prefill up to the first
  * token, predicted_ms the rest, predicted_n counts every generated token. */
 #include "engine.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache.h"
+#include "text/grammar.h"
 #include "text/tokenizer.h"
 
 struct engine {
@@ -31,6 +37,12 @@ struct engine {
     int run_ahead;  /* queue the next step before handling a token's text (engine_set_run_ahead) */
     struct cache *cache; /* the prefix cache: which tokens each sequence holds */
     int32_t boundary_id; /* <|im_start|>, or -1: where the cache checkpoints a prompt */
+    uint64_t *mask;      /* ((vocab_size + 63) / 64,) a grammar's allowed tokens, bit per id */
+    /* logprobs of the step's raw logits: the chosen token's, the top tokens' */
+    float chosen_lp;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_lp[ENGINE_MAX_TOP_LOGPROBS];
+    int n_top;
 };
 
 const char *engine_finish_name(enum engine_finish f) {
@@ -76,6 +88,7 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
 void engine_free(struct engine *e) {
     if (!e) return;
     free(e->logits);
+    free(e->mask);
     free(e->piece);
     cache_free(e->cache);
     free(e->pending);
@@ -153,6 +166,43 @@ static int feed(struct engine *e, int32_t id) {
     if (model_step(e->m, id) != 0) return -1;
     cache_push(e->cache, id);
     return 0;
+}
+
+/* Constrained decoding: the grammar's allowed tokens at this step (bit per id), or NULL for an
+ * empty mask, which a correct grammar never gives (then nothing is masked rather than the
+ * request ended); the tokens left (max_tokens, the context) are its budget. */
+static const uint64_t *grammar_mask_of_step(struct engine *e, const struct engine_request *r, int n_gen) {
+    const int V = e->vocab_size;
+    CHECK(grammar_matcher_n_tokens(r->grammar) == V);
+    if (!e->mask) e->mask = xmalloc(((size_t)V + 63) / 64 * sizeof *e->mask);
+    long left = r->max_tokens > 0 ? (long)r->max_tokens - n_gen : INT_MAX;
+    long ctx_left = (long)model_ctx(e->m) - model_pos(e->m) + 1;
+    if (ctx_left < left) left = ctx_left;
+    return grammar_matcher_mask(r->grammar, e->mask, left > INT_MAX ? INT_MAX : (int)left) ? e->mask : NULL;
+}
+
+/* ... applied to the host's logits: -inf where not allowed */
+static void grammar_mask_logits(struct engine *e, const struct engine_request *r, int n_gen) {
+    const int V = e->vocab_size;
+    const uint64_t *mask = grammar_mask_of_step(e, r, n_gen);
+    for (int w = 0; mask && w * 64 < V; w++) {
+        uint64_t b = mask[w];
+        if (b == ~0ull) continue;
+        for (int i = 0; i < 64 && w * 64 + i < V; i++)
+            if (!(b >> i & 1)) e->logits[w * 64 + i] = -INFINITY;
+    }
+}
+
+/* logprobs of the chosen token and the r->top_logprobs most likely ones, from the raw logits of
+ * this step (before penalties, temperature and any mask), computed on the backend
+ * (model_logprobs: the host reads 2 + 2k floats) */
+static void logprobs_of_step(struct engine *e, const struct engine_request *r, int32_t id) {
+    const int k = r->top_logprobs < ENGINE_MAX_TOP_LOGPROBS ? r->top_logprobs : ENGINE_MAX_TOP_LOGPROBS;
+    float lse = 0, chosen = 0;
+    CHECK(model_logprobs(e->m, k, id, &lse, &chosen, e->top_ids, e->top_lp) == 0);
+    e->chosen_lp = chosen - lse;
+    for (int i = 0; i < k; i++) e->top_lp[i] -= lse;
+    e->n_top = k;
 }
 
 static int cancelled(const struct engine_request *r) {
@@ -236,7 +286,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
 
     struct sampler *smp = sampler_create(e->vocab_size, &r->sampling);
     sampler_add_prompt(smp, r->prompt, r->n_prompt);
-    const int greedy_plain = sampler_is_greedy_plain(smp);
+    const int greedy_plain = sampler_is_greedy_plain(smp) && !r->grammar && !r->logprobs;
     struct detok dt;
     if (e->tok) {
         detok_init(&dt, e->tok);
@@ -258,16 +308,21 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
         return 0;
     }
 
-    /* the draw on the backend when it takes these parameters (model_sample_begin) */
+    /* the draw on the backend when it takes these parameters (model_sample_begin), a grammar's
+     * mask with it (model_sample_mask); greedy with penalties, bias, a grammar or logprobs is
+     * its top_k 1 (the argmax of the processed logits, lowest id on ties, as the sampler's) */
     int dev_sample = 0;
     if (!greedy_plain) {
         const struct sampler_params *sp = &r->sampling;
-        const struct model_sampling ms = {sp->temperature, sp->top_p, sp->min_p,
-                                          sp->presence_penalty, sp->frequency_penalty,
-                                          sp->repetition_penalty, sp->top_k, sp->seed,
-                                          sp->bias_ids, sp->bias_values, sp->n_bias};
+        struct model_sampling ms = {sp->temperature, sp->top_p, sp->min_p,
+                                    sp->presence_penalty, sp->frequency_penalty,
+                                    sp->repetition_penalty, sp->top_k, sp->seed,
+                                    sp->bias_ids, sp->bias_values, sp->n_bias};
+        if (!(ms.temperature > 0.0f)) ms.temperature = 1.0f, ms.top_k = 1, ms.top_p = 1.0f, ms.min_p = 0.0f;
         dev_sample = model_sample_begin(e->m, &ms, r->prompt, r->n_prompt);
     }
+    /* the device draws ahead of the host only when the host has nothing to give or take per step */
+    const int dev_ahead = dev_sample && e->run_ahead && !r->grammar && !r->logprobs;
 
     double t1 = 0;
     int n_gen = 0;
@@ -291,17 +346,21 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             fed = 1;
         } else if (greedy_plain) {
             id = model_argmax(e->m);
-        } else if (dev_sample && e->run_ahead && n_gen > 0 && !last) {
+        } else if (dev_ahead && n_gen > 0 && !last) {
             id = model_step_sample(e->m); /* as model_step_greedy, the draw on the device */
             CHECK(id >= 0);
             cache_push(e->cache, id);
             fed = 1;
         } else if (dev_sample) {
+            if (r->grammar) model_sample_mask(e->m, grammar_mask_of_step(e, r, n_gen));
             id = model_sample(e->m);
         } else {
             model_logits(e->m, e->logits);
+            if (r->grammar) grammar_mask_logits(e, r, n_gen);
             id = sampler_sample(smp, e->logits);
         }
+        if (r->logprobs) logprobs_of_step(e, r, id); /* the logits of this step are still there */
+        if (r->grammar) (void)grammar_matcher_accept(r->grammar, id); /* a forced id may not fit */
         sampler_accept(smp, id);
         n_gen++;
         if (n_gen == 1) {
@@ -331,7 +390,11 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             release = engine_stop_scan(e->pending, e->pending_len,
                                        (const char *const *)r->stop, r->n_stop, &hit);
         }
-        struct engine_event ev = {id, e->pending, release, n_gen};
+        struct engine_event ev = {id, e->pending, release, n_gen, 0, 0, NULL, NULL};
+        if (r->logprobs) {
+            ev.logprob = e->chosen_lp;
+            ev.n_top = e->n_top, ev.top_ids = e->top_ids, ev.top_logprobs = e->top_lp;
+        }
         int stop_cb = r->emit ? r->emit(r->user, &ev) : 0;
         if (hit >= 0) {
             e->pending_len = 0; /* the stop string and anything after it are dropped */
@@ -355,7 +418,7 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
             size_t n = detok_flush(&dt, e->piece, e->piece_cap);
             pending_append(e, e->piece, n);
         }
-        struct engine_event ev = {-1, e->pending, e->pending_len, n_gen};
+        struct engine_event ev = {-1, e->pending, e->pending_len, n_gen, 0, 0, NULL, NULL};
         if (r->emit) r->emit(r->user, &ev);
     }
     e->pending_len = 0;

@@ -35,7 +35,16 @@ struct engine_event {
                          or a possible stop string is incomplete); not NUL-terminated */
     size_t len;
     int n_generated;  /* tokens generated so far, this one included */
+    /* with engine_request.logprobs: the token's log-probability under the model (log-softmax of
+     * the raw logits, before penalties, temperature and any grammar mask) and the n_top most
+     * likely tokens, most likely first (arrays valid during the callback) */
+    float logprob;
+    int n_top;
+    const int32_t *top_ids;
+    const float *top_logprobs;
 };
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
 
 struct engine_request {
     const int32_t *prompt; /* (n_prompt,) token ids */
@@ -53,6 +62,14 @@ struct engine_request {
      * instead of the sampler's choice; the model still runs every step. */
     const int32_t *forced;
     int n_forced;
+    /* Constrained decoding (optional, text/grammar.h): each step the tokens the matcher does not
+     * allow get logit -inf before sampling (greedy too, so the logits come to the host), with the
+     * tokens left (max_tokens, the context) as its budget; the chosen token is then fed to it.
+     * Its vocabulary must have the model's vocab_size rows. */
+    struct grammar_matcher *grammar;
+    /* Log-probabilities for each emitted token (engine_event.logprob), and the top_logprobs
+     * (0..ENGINE_MAX_TOP_LOGPROBS) most likely tokens; the logits then come to the host. */
+    int logprobs, top_logprobs;
 };
 
 /* Names and meaning as llama-server's "timings" object. */

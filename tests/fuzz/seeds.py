@@ -56,3 +56,11 @@ for i, t in enumerate(texts):
     put("fuzz_tokenizer", "text-%03d" % i, b"\x00" + t.encode("utf-8", "surrogatepass"))
 for i, v in enumerate(ids):
     put("fuzz_tokenizer", "ids-%03d" % i, b"\x01" + bytes([i % 2]) + b"".join(x.to_bytes(3, "little") for x in v))
+
+# schema: every corpus schema (selector 0 with a walk seed) and the refused ones
+with open("tests/fixtures/schemas/corpus.json", encoding="utf-8") as f:
+    corpus = json.load(f)
+with open("tests/fixtures/schemas/bad.json", encoding="utf-8") as f:
+    corpus += json.load(f)
+for i, c in enumerate(corpus):
+    put("fuzz_schema", "schema-%03d" % i, bytes([(i * 4) & 0xfc]) + json.dumps(c["schema"], ensure_ascii=False).encode())
