@@ -86,9 +86,21 @@ def ttft():  # wall time to the first streamed chunk of a 54-token-ish chat requ
         for line in r:
             if line.startswith(b"data: {"):
                 return (time.time() - t0) * 1e3
+def one_token(i):  # a non-streamed request of one token: wall time and the engine's prompt_ms
+    body = {"messages": [{"role": "user", "content": f"Write story number {i} about a fox. " * 4}],
+            "max_tokens": 1, "temperature": 0}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.time()
+    res = json.load(urllib.request.urlopen(req, timeout=60))
+    return (time.time() - t0) * 1e3, res["timings"]["prompt_ms"]
+w0, p0 = one_token(0)
+later = sorted(one_token(i) for i in range(1, 6))[2]
 first = ttft()
-later = sorted(ttft() for _ in range(5))[2]
-print(f"TTFT over HTTP (streaming): first request after start-up {first:.1f} ms, later ones (median of 5) {later:.1f} ms\n")
+later_s = sorted(ttft() for _ in range(5))[2]
+print(f"first request after start-up (one token, not streamed): {w0:.1f} ms wall, engine prompt_ms {p0:.1f}; "
+      f"later ones (median of 5, other prompts): {later[0]:.1f} ms wall, prompt_ms {later[1]:.1f}")
+print(f"TTFT over HTTP (streaming, the same prompt each time): first {first:.1f} ms, later (median of 5) {later_s:.1f} ms\n")
 print("| request (300 tokens, /v1/completions, 3 runs) | server decode tok/s |\n|---|---|")
 for name, fields in cases:
     tps = []
@@ -100,6 +112,43 @@ for name, fields in cases:
         res = json.load(urllib.request.urlopen(req, timeout=120))
         tps.append(res["timings"]["predicted_per_second"])
     print(f"| {name} | {' / '.join(f'{t:.1f}' for t in tps)} |")
+# issue 28's targets: a nested schema of ~20 fields (chat, greedy, until the JSON closes), and
+# logprobs with top_logprobs 20 (300 tokens, greedy)
+leaf = lambda i: [{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "number"}][i % 4]
+inner = {"type": "object", "properties": {f"f{i}": leaf(i) for i in range(6)}, "required": [f"f{i}" for i in range(6)],
+         "additionalProperties": False}
+schema = {"type": "object", "additionalProperties": False,
+          "properties": {**{f"a{i}": leaf(i) for i in range(6)}, "b": inner,
+                         "c": {"type": "array", "items": inner, "maxItems": 2}, "d": {"enum": ["x", "y", "z"]}},
+          "required": [f"a{i}" for i in range(6)] + ["b", "c", "d"]}
+def chat(body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    t0 = time.time()
+    res = json.load(urllib.request.urlopen(req, timeout=120))
+    return res, (time.time() - t0) * 1e3
+for name, extra in [("chat, json_schema (~20 fields, nested), greedy", {"response_format": {"type": "json_schema",
+                     "json_schema": {"name": "s", "schema": schema, "strict": True}}}),
+                    ("chat, plain, greedy (the same length)", {}),
+                    ("chat, logprobs + top_logprobs 20, greedy, 300 tokens", {"logprobs": True, "top_logprobs": 20,
+                     "max_tokens": 300, "ignore_eos": True})]:
+    out = []
+    for r in range(3):
+        body = {"messages": [{"role": "user", "content": "Describe a fox as JSON."}], "max_tokens": 400,
+                "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
+        body.update(extra)
+        if not extra:
+            body.update({"max_tokens": n_json, "ignore_eos": True})
+        res, ms = chat(body)
+        t = res["timings"]
+        if "response_format" in extra:
+            n_json = max(t["predicted_n"], 2)
+            try:
+                json.loads(res["choices"][0]["message"]["content"]); valid = "valid JSON"
+            except Exception:
+                valid = "NOT valid JSON"
+        out.append(f"{t['predicted_per_second']:.1f} ({t['predicted_n']} tok, prompt {t['prompt_ms']:.1f} ms)")
+    print(f"| {name} | {' / '.join(out)}{' ' + valid if 'response_format' in extra else ''} |")
 PY
     kill $pid; wait $pid
     ;;
