@@ -347,9 +347,10 @@ static void op_free(struct backend *be, void *p) {
 static void op_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
     struct cuda *cu = cuda_of(be);
     CHECK(!cu->capturing);
-    if (bytes <= 4096) {
-        /* staged: ordered on the stream, no synchronisation; the ring is reused only after the
-         * stream has drained everything that read it */
+    if (bytes <= CUDA_STAGE_BYTES / 16) {
+        /* staged (up to 64 KiB: a prefill call's ids, a grammar's mask): ordered on the stream,
+         * no synchronisation; the ring is reused only after the stream has drained everything
+         * that read it */
         if (cu->stage_off + bytes > CUDA_STAGE_BYTES) {
             gpu_stream_sync(cu->stream);
             cu->stage_off = 0;
