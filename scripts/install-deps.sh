@@ -19,7 +19,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# the openai npm package for tests/server (pinned by its package-lock.json)
-if [ ! -d "$(dirname "$0")/../tests/server/node_modules/openai" ]; then
-    npm ci --prefix "$(dirname "$0")/../tests/server" --no-audit --no-fund --loglevel=error
+# the npm clients for tests/server (openai, @anthropic-ai/sdk, ...: pinned by its
+# package-lock.json), again when one that package.json names is missing
+srv="$(dirname "$0")/../tests/server"
+if ! (cd "$srv" && node -e 'const fs = require("fs"); for (const p of Object.keys(require("./package.json").dependencies))
+        if (!fs.existsSync("node_modules/" + p + "/package.json")) process.exit(1)'); then
+    npm ci --prefix "$srv" --no-audit --no-fund --loglevel=error
 fi

@@ -356,6 +356,8 @@ json_t *anthropic_count_tokens(struct tokenizer *tok, const struct chat_template
     json_t *c = to_chat(rq, 1, e);
     json_decref(rq);
     if (!c) return NULL;
+    const char *tc = json_string_value(json_object_get(c, "tool_choice"));
+    if (tc && !strcmp(tc, "none")) json_object_del(c, "tools"); /* as the chat path does */
     char *prompt = NULL;
     struct error err;
     json_t *r = NULL;

@@ -109,6 +109,15 @@ await run(20000, async (url) => {
   expect(r2.usage.input_tokens + r2.usage.cache_read_input_tokens === c2.input_tokens && c2s.input_tokens === c2.input_tokens,
     `the tool result in the prompt: usage ${JSON.stringify(r2.usage)}, counted ${c2.input_tokens} / string content ${c2s.input_tokens}`);
   expect(r2.usage.cache_read_input_tokens > 0, `the second turn resumes the first from the cache ${JSON.stringify(r2.usage)}`);
+  // the same conversation through the chat route: the same prompt
+  const chat = await (await fetch(`${url}/v1/chat/completions`, { method: "POST",
+    headers: { "Content-Type": "application/json", Authorization: `Bearer ${key}` },
+    body: JSON.stringify({ max_tokens: 1, chat_template_kwargs: { enable_thinking: true },
+      tools: tools.map((t) => ({ type: "function", function: { name: t.name, description: t.description, parameters: t.input_schema } })),
+      messages: [q1.messages[0],
+        { role: "assistant", content: "", reasoning_content: "Let me check.", tool_calls: [{ id: use.id, type: "function", function: { name: use.name, arguments: use.input } }] },
+        { role: "tool", tool_call_id: use.id, content: "sunny, 21 C" }] }) })).json();
+  expect(chat.usage?.prompt_tokens === c2.input_tokens, `round trip prompt == chat's: ${c2.input_tokens} vs ${JSON.stringify(chat.usage)}`);
 
   // stop_sequences: the text before it, stop_reason stop_sequence naming it
   const long = await client.messages.create({ ...base, max_tokens: 30 });
