@@ -240,14 +240,44 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
     for (size_t i = 0; i < json_array_size(ms); i++) {
         const json_t *m = json_array_get(ms, i);
         const char *role = json_string_value(json_object_get(m, "role"));
-        if (!json_is_object(m) || !role || (strcmp(role, "user") && strcmp(role, "assistant"))) {
-            bad(e, "messages", "messages[%zu].role: must be \"user\" or \"assistant\"%s", i,
-                role && !strcmp(role, "system") ? " (the system prompt goes in the top-level "
-                                                  "'system' field)" : "");
+        if (!json_is_object(m) || !role ||
+            (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system"))) {
+            bad(e, "messages", "messages[%zu].role: must be \"user\", \"assistant\" or "
+                "\"system\"", i);
             goto fail;
         }
         const json_t *content = json_object_get(m, "content");
         int user = !strcmp(role, "user");
+        if (!strcmp(role, "system")) {
+            /* a system message in the conversation (Claude Code sends them): the template takes
+             * one system message, first, so before any turn it joins the system prompt and
+             * later it is a user turn of its own, where it was said */
+            struct strbuf s = {0};
+            char where[48];
+            snprintf(where, sizeof where, "messages[%zu].content", i);
+            if (blocks_text(content, where, &s, e) < 0) {
+                free(s.s);
+                goto fail;
+            }
+            json_t *first = json_array_get(msgs, 0);
+            const int only_system = json_array_size(msgs) == 0 ||
+                                    (json_array_size(msgs) == 1 &&
+                                     !strcmp(json_string_value(json_object_get(first, "role")), "system"));
+            if (only_system && json_array_size(msgs) == 1) {
+                struct strbuf joined = {0};
+                const json_t *prev = json_object_get(first, "content");
+                strbuf_add(&joined, json_string_value(prev), json_string_length(prev));
+                if (joined.len && s.len) strbuf_adds(&joined, "\n\n");
+                strbuf_add(&joined, s.s ? s.s : "", s.len);
+                json_object_set_new(first, "content", json_stringn(joined.s ? joined.s : "", joined.len));
+                free(joined.s);
+            } else {
+                json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", only_system ? "system" : "user",
+                                                      "content", s.s ? s.s : "", s.len));
+            }
+            free(s.s);
+            continue;
+        }
         if (json_is_string(content)) {
             json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", role, "content", content));
         } else if (!json_is_array(content)) {

@@ -12,8 +12,8 @@
  * output_text, function_call) and, when streaming, the documented events (response.created ...
  * response.completed / response.incomplete / response.failed, each with sequence_number), in
  * the shapes the openai SDK's ResponseStream accumulates. The non-streaming object is built by
- * the same code, fed the whole text at once. Not supported: hosted tools (web_search, ...),
- * images and files, logprobs. */
+ * the same code, fed the whole text at once. Not supported: hosted tools (web_search, ...: left
+ * out of the prompt, so the model is not offered them), images and files, logprobs. */
 #include "responses.h"
 
 #include <math.h>
@@ -246,7 +246,9 @@ static json_t *to_chat(const json_t *rq, struct api_error *e) {
         json_object_set(c, "max_tokens", (json_t *)v);
     }
 
-    /* tools: function tools in the Responses flat shape */
+    /* tools: function tools in the Responses flat shape, also inside a namespace (a named group
+     * of them, as Codex sends); hosted tools (web_search, file_search, ...) that this server
+     * cannot run are left out of the prompt, so the model does not call them */
     const json_t *tools = json_object_get(rq, "tools");
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools)) {
@@ -258,24 +260,36 @@ static json_t *to_chat(const json_t *rq, struct api_error *e) {
         for (size_t i = 0; i < json_array_size(tools); i++) {
             const json_t *t = json_array_get(tools, i);
             const char *type = json_string_value(json_object_get(t, "type"));
-            if (!type || strcmp(type, "function") != 0) {
-                bad(e, "tools", "tools[%zu]: '%s' tools are not supported (function tools are: "
-                    "{\"type\":\"function\",\"name\":...,\"parameters\":{...}})", i,
-                    type ? QUOTE(type) : "(no type)");
+            if (!type) {
+                bad(e, "tools", "tools[%zu] must be an object with a 'type'", i);
                 goto fail;
             }
-            const json_t *name = json_object_get(t, "name");
-            if (!json_is_string(name)) {
-                bad(e, "tools", "tools[%zu] must have a string 'name'", i);
+            const json_t *group = json_object_get(t, "tools");
+            const int ns = !strcmp(type, "namespace");
+            if (ns && !json_is_array(group)) {
+                bad(e, "tools", "tools[%zu]: a namespace needs a 'tools' array", i);
                 goto fail;
             }
-            json_t *f = json_pack("{s:O}", "name", name);
-            if ((v = json_object_get(t, "description")) && json_is_string(v))
-                json_object_set(f, "description", (json_t *)v);
-            if ((v = json_object_get(t, "parameters")) && !json_is_null(v))
-                json_object_set(f, "parameters", (json_t *)v);
-            json_array_append_new(ct, json_pack("{s:s,s:o}", "type", "function", "function", f));
+            if (!ns && strcmp(type, "function") != 0) continue;
+            for (size_t k = 0; k < (ns ? json_array_size(group) : 1); k++) {
+                const json_t *f0 = ns ? json_array_get(group, k) : t;
+                const char *ft = json_string_value(json_object_get(f0, "type"));
+                if (ns && (!ft || strcmp(ft, "function"))) continue;
+                const json_t *name = json_object_get(f0, "name");
+                if (!json_is_string(name)) {
+                    bad(e, "tools", "tools[%zu]%s must have a string 'name'", i,
+                        ns ? ": a function in the namespace" : "");
+                    goto fail;
+                }
+                json_t *f = json_pack("{s:O}", "name", name);
+                if ((v = json_object_get(f0, "description")) && json_is_string(v))
+                    json_object_set(f, "description", (json_t *)v);
+                if ((v = json_object_get(f0, "parameters")) && !json_is_null(v))
+                    json_object_set(f, "parameters", (json_t *)v);
+                json_array_append_new(ct, json_pack("{s:s,s:o}", "type", "function", "function", f));
+            }
         }
+        if (json_array_size(ct) == 0) json_object_del(c, "tools");
     }
     /* tool_choice: chat's shapes (the chat path decides what it supports) */
     if ((v = json_object_get(rq, "tool_choice")) && !json_is_null(v)) {

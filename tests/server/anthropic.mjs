@@ -133,7 +133,7 @@ await run(20000, async (url) => {
   // errors: Anthropic's shape, the SDK's typed errors
   const bads = [
     [{ model: "demo", messages: base.messages }, /max_tokens/, "missing max_tokens"],
-    [{ ...base, messages: [{ role: "system", content: "x" }] }, /role/, "bad role"],
+    [{ ...base, messages: [{ role: "tool", content: "x" }] }, /role/, "bad role"],
     [{ ...base, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "iVBORw0KGgo=" } }] }] }, /image/, "image block"],
     [{ ...base, tools: [{ type: "web_search_20250305", name: "web_search" }] }, /server tool/, "server tool"],
     [{ ...base, temperature: "hot" }, /temperature/, "bad temperature"],

@@ -113,6 +113,13 @@ await run(22000, async (url) => {
       { role: "tool", tool_call_id: fc.call_id, content: "sunny, 21 C" }] });
   expect(c2.usage.prompt_tokens === r2.usage.input_tokens && c2.choices[0].message.content === r2.output_text,
     `round trip prompt == chat's: ${r2.usage.input_tokens} vs ${c2.usage.prompt_tokens}`);
+  // hosted tools (web_search) are left out of the prompt; a namespace's functions are offered
+  const hosted = await client.responses.create({ ...base, tools: [{ type: "web_search" }] });
+  expect(hosted.usage.input_tokens === plain.usage.input_tokens, `web_search left out: ${hosted.usage.input_tokens}`);
+  const flat = await client.responses.create({ ...base, tools });
+  const nsd = await client.responses.create({ ...base, tools: [{ type: "namespace", name: "weather", description: "Weather tools", tools }] });
+  expect(nsd.usage.input_tokens === flat.usage.input_tokens && flat.usage.input_tokens > plain.usage.input_tokens + 20,
+    `namespace tools: ${nsd.usage.input_tokens} vs flat ${flat.usage.input_tokens}`);
   // tool_choice none: no tools in the prompt
   const none = await client.responses.create({ ...base, tools, tool_choice: "none" });
   expect(none.usage.input_tokens === plain.usage.input_tokens && none.output_text === plain.output_text, "tool_choice none");
@@ -123,7 +130,7 @@ await run(22000, async (url) => {
     [{ model: "demo", max_output_tokens: 5 }, "input", /input/],
     [{ ...base, input: [{ role: "user", content: [{ type: "input_image", image_url: "http://x/y.png" }] }] }, "input", /input_image/],
     [{ ...base, input: [{ type: "item_reference", id: "msg_1" }] }, "input", /stateless/],
-    [{ ...base, tools: [{ type: "web_search" }] }, "tools", /web_search/],
+    [{ ...base, tools: [{ type: "function" }] }, "tools", /name/],
     [{ ...base, temperature: "hot" }, "temperature", /temperature/],
     [{ ...base, max_output_tokens: 0 }, "max_output_tokens", /max_output_tokens/],
   ];
