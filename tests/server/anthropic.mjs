@@ -60,6 +60,14 @@ await run(20000, async (url) => {
   const wb = await client.messages.countTokens({ model: "demo", system: [{ type: "text", text: sys }], messages: base.messages, thinking: base.thinking });
   expect(ws.input_tokens > counted.input_tokens + 5 && wb.input_tokens === ws.input_tokens,
     `system prompt counted: ${ws.input_tokens} / blocks ${wb.input_tokens} / none ${counted.input_tokens}`);
+  // a system message inside messages (Claude Code sends them): first, the system prompt; later,
+  // a user turn where it was said
+  const count = async (b) => (await client.messages.countTokens({ model: "demo", thinking: base.thinking, ...b })).input_tokens;
+  expect(await count({ messages: [{ role: "system", content: sys }, ...base.messages] }) === ws.input_tokens &&
+    await count({ system: "A.", messages: [{ role: "system", content: sys }, ...base.messages] }) ===
+      await count({ system: `A.\n\n${sys}`, messages: base.messages }), "a leading system message joins the system prompt");
+  expect(await count({ messages: [...base.messages, { role: "system", content: [{ type: "text", text: sys }] }] }) ===
+    await count({ messages: [...base.messages, { role: "user", content: sys }] }), "a later system message: a user turn");
   const withSys = await client.messages.create({ ...base, system: sys });
   expect(withSys.usage.input_tokens + withSys.usage.cache_read_input_tokens === ws.input_tokens,
     `system prompt in the generation: ${JSON.stringify(withSys.usage)}`);
