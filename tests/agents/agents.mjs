@@ -137,7 +137,7 @@ await run(24000, async (url) => {
   fs.mkdirSync(chome);
   fs.writeFileSync(join(chome, "config.toml"), [
     'model = "demo"', 'model_provider = "strata"', 'approval_policy = "never"',
-    'sandbox_mode = "danger-full-access"', "", "[analytics]", "enabled = false", "",
+    'sandbox_mode = "danger-full-access"', "", "[analytics]", "enabled = false", "", "[otel]", 'exporter = "none"', "",
     "[model_providers.strata]", 'name = "strata"', `base_url = "${purl}/v1"`, 'wire_api = "responses"',
     'env_key = "STRATA_TEST_KEY"', ""].join("\n"));
   const codexEnv = { HOME: home, CODEX_HOME: chome, STRATA_TEST_KEY: key };

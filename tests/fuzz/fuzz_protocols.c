@@ -75,7 +75,7 @@ static void check_stream(const struct job *j, int anthropic, int failed) {
         const char *data = nl + 7, *end = strstr(data, "\n\n");
         FUZZ_CHECK(end, "event %s is not ended by a blank line", last);
         json_error_t je;
-        json_t *v = json_loadb(data, (size_t)(end - data), 0, &je);
+        json_t *v = json_loadb(data, (size_t)(end - data), JSON_ALLOW_NUL, &je); /* a NUL the model wrote is \u0000 */
         FUZZ_CHECK(json_is_object(v), "event %s: data is not a JSON object (%s)", last, je.text);
         const char *type = json_string_value(json_object_get(v, "type"));
         FUZZ_CHECK(type && !strcmp(type, last), "event %s has data type %s", last, type ? type : "?");
@@ -154,6 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         j->stream = 1;
         struct chat_stream *cs = chat_stream_new(j->in_thinking, j->tools, NULL, on_piece, j);
         size_t half = fail ? tl / 2 : tl;
+        while (half < tl && ((unsigned char)text[half] & 0xC0) == 0x80) half++; /* a character boundary */
         /* pieces of whole characters, as the engine releases text */
         for (size_t i = 0; i < half;) {
             size_t k = i;
