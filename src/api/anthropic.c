@@ -62,13 +62,15 @@ json_t *anthropic_error_json(const struct api_error *e) {
 /* ---- request: Messages -> chat ---------------------------------------------------------- */
 
 /* Text blocks (or a string) appended to out; where names them in errors. */
-static int blocks_text(const json_t *c, const char *where, struct strbuf *out, struct api_error *e) {
+static int blocks_text(const json_t *c, const char *where, struct strbuf *out,
+                       struct api_error *e) {
     if (!c || json_is_null(c)) return 0;
     if (json_is_string(c)) {
         strbuf_add(out, json_string_value(c), json_string_length(c));
         return 0;
     }
-    if (!json_is_array(c)) return bad(e, NULL, "%s must be a string or an array of text blocks", where);
+    if (!json_is_array(c))
+        return bad(e, NULL, "%s must be a string or an array of text blocks", where);
     for (size_t k = 0; k < json_array_size(c); k++) {
         const json_t *b = json_array_get(c, k);
         const char *type = json_string_value(json_object_get(b, "type"));
@@ -199,6 +201,26 @@ out:
     return rc;
 }
 
+/* A system message's text: while the conversation holds nothing but the system prompt, it joins
+ * that (the template takes one system message, first); later, it is a user turn of its own. */
+static void system_text(json_t *msgs, const char *t, size_t n) {
+    json_t *first = json_array_get(msgs, 0);
+    const char *role = json_string_value(json_object_get(first, "role"));
+    const size_t len = json_array_size(msgs);
+    if (len == 1 && !strcmp(role, "system")) {
+        struct strbuf joined = {0};
+        const json_t *prev = json_object_get(first, "content");
+        strbuf_add(&joined, json_string_value(prev), json_string_length(prev));
+        if (joined.len && n) strbuf_adds(&joined, "\n\n");
+        strbuf_add(&joined, t, n);
+        json_object_set_new(first, "content", json_stringn(joined.s ? joined.s : "", joined.len));
+        free(joined.s);
+        return;
+    }
+    json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", len ? "user" : "system",
+                                          "content", t, n));
+}
+
 /* The Messages request as a chat request (a new reference), or NULL + e. count: for
  * count_tokens (max_tokens not needed). */
 static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
@@ -249,9 +271,7 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
         const json_t *content = json_object_get(m, "content");
         int user = !strcmp(role, "user");
         if (!strcmp(role, "system")) {
-            /* a system message in the conversation (Claude Code sends them): the template takes
-             * one system message, first, so before any turn it joins the system prompt and
-             * later it is a user turn of its own, where it was said */
+            /* a system message in the conversation (Claude Code sends them) */
             struct strbuf s = {0};
             char where[48];
             snprintf(where, sizeof where, "messages[%zu].content", i);
@@ -259,22 +279,7 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
                 free(s.s);
                 goto fail;
             }
-            json_t *first = json_array_get(msgs, 0);
-            const int only_system = json_array_size(msgs) == 0 ||
-                                    (json_array_size(msgs) == 1 &&
-                                     !strcmp(json_string_value(json_object_get(first, "role")), "system"));
-            if (only_system && json_array_size(msgs) == 1) {
-                struct strbuf joined = {0};
-                const json_t *prev = json_object_get(first, "content");
-                strbuf_add(&joined, json_string_value(prev), json_string_length(prev));
-                if (joined.len && s.len) strbuf_adds(&joined, "\n\n");
-                strbuf_add(&joined, s.s ? s.s : "", s.len);
-                json_object_set_new(first, "content", json_stringn(joined.s ? joined.s : "", joined.len));
-                free(joined.s);
-            } else {
-                json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", only_system ? "system" : "user",
-                                                      "content", s.s ? s.s : "", s.len));
-            }
+            system_text(msgs, s.s ? s.s : "", s.len);
             free(s.s);
             continue;
         }
@@ -332,7 +337,8 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
     if (v && !json_is_null(v)) {
         const char *type = json_string_value(json_object_get(v, "type"));
         if (!type) {
-            bad(e, "tool_choice", "tool_choice: must be an object with a 'type' (auto, any, tool, none)");
+            bad(e, "tool_choice", "tool_choice: must be an object with a 'type' (auto, any, tool, "
+                "none)");
             goto fail;
         }
         if (!strcmp(type, "auto") || !strcmp(type, "none")) {
@@ -344,7 +350,8 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
                                 json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name",
                                           json_object_get(v, "name")));
         } else {
-            bad(e, "tool_choice", "tool_choice: type must be auto, any, none, or tool with a 'name'");
+            bad(e, "tool_choice", "tool_choice: type must be auto, any, none, or tool with a "
+                "'name'");
             goto fail;
         }
         const json_t *dp = json_object_get(v, "disable_parallel_tool_use");
@@ -354,7 +361,8 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
     v = json_object_get(rq, "thinking");
     if (v && !json_is_null(v)) {
         const char *type = json_string_value(json_object_get(v, "type"));
-        if (!type || (strcmp(type, "enabled") && strcmp(type, "disabled") && strcmp(type, "adaptive"))) {
+        if (!type ||
+            (strcmp(type, "enabled") && strcmp(type, "disabled") && strcmp(type, "adaptive"))) {
             bad(e, "thinking", "thinking.type: must be \"enabled\", \"disabled\" or \"adaptive\"");
             goto fail;
         }
@@ -634,7 +642,8 @@ struct job *anthropic_job_new(struct model *m, struct tokenizer *tok,
     json_t *chat = to_chat(rq, 0, e);
     json_decref(rq);
     if (!chat) return NULL;
-    struct job *j = api_job_new_json(m, tok, tmpl, model_name, 1, chat, rng, rng_mu, allow_forced, e);
+    struct job *j =
+        api_job_new_json(m, tok, tmpl, model_name, 1, chat, rng, rng_mu, allow_forced, e);
     if (!j) {
         if (!strcmp(e->param, "stop")) snprintf(e->param, sizeof e->param, "stop_sequences");
         return NULL;

@@ -57,14 +57,16 @@ static int content_text(const json_t *c, const char *where, size_t i, struct str
         const json_t *p = json_array_get(c, k);
         const char *type = json_string_value(json_object_get(p, "type"));
         if (!type)
-            return bad(e, "input", "input[%zu].%s[%zu] must be an object with a 'type'", i, where, k);
+            return bad(e, "input", "input[%zu].%s[%zu] must be an object with a 'type'", i, where,
+                       k);
         if (strstr(type, "image") || strstr(type, "file") || strstr(type, "audio"))
             return bad(e, "input", "input[%zu].%s[%zu]: '%s' parts are not supported (strata "
                        "runs the text model only)", i, where, k, QUOTE(type));
         const char *field = !strcmp(type, "refusal") ? "refusal" : "text";
         const json_t *t = json_object_get(p, field);
         if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text") &&
-            strcmp(type, "refusal") && strcmp(type, "summary_text") && strcmp(type, "reasoning_text"))
+            strcmp(type, "refusal") && strcmp(type, "summary_text") &&
+            strcmp(type, "reasoning_text"))
             return bad(e, "input", "input[%zu].%s[%zu]: '%s' parts are not supported", i, where, k,
                        QUOTE(type));
         if (!json_is_string(t))
@@ -170,7 +172,8 @@ static json_t *input_messages(const json_t *rq, struct api_error *e) {
         } else if (!strcmp(type, "function_call_output")) {
             const json_t *id = json_object_get(it, "call_id");
             if (!json_is_string(id)) {
-                bad(e, "input", "input[%zu]: a function_call_output item needs a string 'call_id'", i);
+                bad(e, "input", "input[%zu]: a function_call_output item needs a string "
+                    "'call_id'", i);
                 goto fail;
             }
             if (content_text(json_object_get(it, "output"), "output", i, &t, e) < 0) goto fail_t;
@@ -286,7 +289,8 @@ static json_t *to_chat(const json_t *rq, struct api_error *e) {
                     json_object_set(f, "description", (json_t *)v);
                 if ((v = json_object_get(f0, "parameters")) && !json_is_null(v))
                     json_object_set(f, "parameters", (json_t *)v);
-                json_array_append_new(ct, json_pack("{s:s,s:o}", "type", "function", "function", f));
+                json_array_append_new(ct, json_pack("{s:s,s:o}", "type", "function", "function",
+                                                    f));
             }
         }
         if (json_array_size(ct) == 0) json_object_del(c, "tools");
@@ -446,8 +450,10 @@ static json_t *response_object(struct job *j, struct resp_state *st, const char 
                         echo(rq, "reasoning", json_pack("{s:n,s:n}", "effort", "summary")));
     json_object_set_new(r, "store", json_false());
     /* the sampler's floats as the decimals they were given (0.8, not 0.800000011920929) */
-    json_object_set_new(r, "temperature", json_real(round(j->req.sampling.temperature * 1e6) / 1e6));
-    json_object_set_new(r, "text", echo(rq, "text", json_pack("{s:{s:s}}", "format", "type", "text")));
+    json_object_set_new(r, "temperature",
+                        json_real(round(j->req.sampling.temperature * 1e6) / 1e6));
+    json_object_set_new(r, "text",
+                        echo(rq, "text", json_pack("{s:{s:s}}", "format", "type", "text")));
     json_object_set_new(r, "tool_choice", echo(rq, "tool_choice", json_string("auto")));
     json_object_set_new(r, "tools", echo(rq, "tools", json_array()));
     json_object_set_new(r, "top_p", json_real(round(j->req.sampling.top_p * 1e6) / 1e6));
@@ -663,10 +669,12 @@ struct job *responses_job_new(struct model *m, struct tokenizer *tok,
         json_decref(rq);
         return NULL;
     }
-    struct job *j = api_job_new_json(m, tok, tmpl, model_name, 1, chat, rng, rng_mu, allow_forced, e);
+    struct job *j =
+        api_job_new_json(m, tok, tmpl, model_name, 1, chat, rng, rng_mu, allow_forced, e);
     if (!j) {
         if (!strcmp(e->param, "messages")) snprintf(e->param, sizeof e->param, "input");
-        if (!strcmp(e->param, "max_tokens")) snprintf(e->param, sizeof e->param, "max_output_tokens");
+        if (!strcmp(e->param, "max_tokens"))
+            snprintf(e->param, sizeof e->param, "max_output_tokens");
         json_decref(rq);
         return NULL;
     }
