@@ -145,6 +145,7 @@ await run(20000, async (url) => {
     [{ ...base, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "iVBORw0KGgo=" } }] }] }, /image/, "image block"],
     [{ ...base, tools: [{ type: "web_search_20250305", name: "web_search" }] }, /server tool/, "server tool"],
     [{ ...base, temperature: "hot" }, /temperature/, "bad temperature"],
+    [{ ...base, tools, tool_choice: { type: "auto" }, stop_sequences: [""] }, /stop/, "empty stop sequence"],
     [{ ...base, messages: [...base.messages, { role: "assistant", content: "Sure" }] }, /prefill/, "assistant prefill"],
   ];
   for (const [body, re, what] of bads) {
