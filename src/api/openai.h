@@ -37,8 +37,8 @@ const char *api_quote(char *dst, size_t cap, const char *src, size_t n, size_t m
 struct server;
 struct job;
 
-/* Another protocol's framing of a job (responses.c, anthropic.c, ollama.c): a job whose proto
- * is NULL speaks OpenAI's SSE and JSON. The stream callbacks run on the engine thread with j->mu held and append to j->out;
+/* Another protocol's framing of a job (ollama.c): a job whose proto is NULL speaks OpenAI's SSE
+ * and JSON. The stream callbacks run on the engine thread with j->mu held and append to j->out;
  * response runs on the connection thread once the job is done; free releases proto_state. */
 struct api_proto {
     const char *content_type; /* of a streamed response */
