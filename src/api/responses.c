@@ -2,7 +2,8 @@
  *
  * Stateless: the conversation comes whole in `input` each time (store is accepted and means
  * nothing; previous_response_id and conversation are a 400). The request is turned into a chat
- * request - instructions and leading system / developer items -> the one system message,
+ * request - instructions and leading system / developer items -> the one system message (later
+ * ones -> user turns, where they were said),
  * message items -> user / assistant messages, reasoning items -> the next assistant turn's
  * reasoning_content, function_call items -> its tool_calls, function_call_output items -> tool
  * messages, function tools {type, name, parameters} -> {type, function: {...}} - and run as a
@@ -128,17 +129,14 @@ static json_t *input_messages(const json_t *rq, struct api_error *e) {
                 goto fail;
             }
             if (content_text(json_object_get(it, "content"), "content", i, &t, e) < 0) goto fail_t;
-            if (!strcmp(role, "system") || !strcmp(role, "developer")) {
-                if (json_array_size(msgs) > 0) {
-                    bad(e, "input", "input[%zu] is a %s message after the conversation began: "
-                        "System message must be at the beginning (the Qwen3.5 chat template "
-                        "takes one system message; give it in 'instructions' or first in "
-                        "'input')", i, role);
-                    goto fail_t;
-                }
+            const int sys_role = !strcmp(role, "system") || !strcmp(role, "developer");
+            if (sys_role && json_array_size(msgs) == 0) {
                 if (sys.len && t.len) strbuf_adds(&sys, "\n\n");
                 strbuf_add(&sys, t.s ? t.s : "", t.len);
-            } else if (!strcmp(role, "user")) {
+            } else if (sys_role || !strcmp(role, "user")) {
+                /* a system or developer message after the conversation began (an agent may
+                 * send one mid-conversation): the template takes one system message, first, so
+                 * it is a user turn where it was said */
                 asst = NULL;
                 json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", "user", "content",
                                                       t.s ? t.s : "", t.len));

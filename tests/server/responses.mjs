@@ -73,6 +73,12 @@ await run(22000, async (url) => {
     { type: "message", role: "developer", content: [{ type: "input_text", text: ins }] },
     { role: "user", content: [{ type: "input_text", text: base.input }] }] });
   expect(items.usage.input_tokens === wi.usage.input_tokens && items.output_text === wi.output_text, "input items");
+  // a developer message later in the conversation: a user turn where it was said (chat's prompt)
+  const later = await client.responses.create({ ...base, input: [{ role: "user", content: base.input },
+    { role: "developer", content: ins }] });
+  const laterChat = await client.chat.completions.create({ model: "demo", messages: [{ role: "user", content: base.input },
+    { role: "user", content: ins }], max_tokens: 40, temperature: 0, ...off });
+  expect(later.usage.input_tokens === laterChat.usage.prompt_tokens, `a later developer message: ${later.usage.input_tokens} vs ${laterChat.usage.prompt_tokens}`);
 
   // reasoning + a function call, plain and streamed
   const q1 = { ...base, tools, reasoning: { effort: "medium" }, strata_forced_output: forcedCall,
