@@ -378,7 +378,7 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
         if (json_array_size(v)) json_object_set(c, "stop", (json_t *)v);
     }
     static const char *const same[] = {"model", "temperature", "top_p", "top_k", "stream", "seed",
-                                       "strata_forced_output"};
+                                       "ignore_eos", "strata_forced_output"};
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
         if ((v = json_object_get(rq, same[i]))) json_object_set(c, same[i], (json_t *)v);
     return c;

@@ -233,10 +233,12 @@ static json_t *to_chat(const json_t *rq, struct api_error *e) {
     json_t *msgs = input_messages(rq, e);
     if (!msgs) return NULL;
     json_t *c = json_pack("{s:o}", "messages", msgs);
+    /* the fields chat reads the same way (llama-server's extensions among them) */
     static const char *const same[] = {"model", "temperature", "top_p", "top_k", "min_p", "seed",
                                        "presence_penalty", "frequency_penalty",
                                        "repetition_penalty", "stream", "parallel_tool_calls",
-                                       "chat_template_kwargs", "strata_forced_output"};
+                                       "chat_template_kwargs", "ignore_eos",
+                                       "strata_forced_output"};
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
         if ((v = json_object_get(rq, same[i]))) json_object_set(c, same[i], (json_t *)v);
     if ((v = json_object_get(rq, "max_output_tokens")) && !json_is_null(v)) {

@@ -172,11 +172,27 @@ await run(20000, async (url) => {
   expect(pre.status === 204 && pre.headers.get("access-control-allow-origin") === "http://localhost:3000", `preflight ${pre.status}`);
 
   // abort a long stream; the engine is free for the next request
-  const longs = client.messages.stream({ ...base, max_tokens: 100000 });
+  const longs = client.messages.stream({ ...base, max_tokens: 100000, ignore_eos: true });
   let n = 0;
   for await (const ev of longs) { if (ev.type === "content_block_delta" && ++n >= 3) { longs.abort(); break; } }
   const t0 = Date.now();
   const after = await client.messages.create(base);
   expect(after.content.map((b) => b.text).join("") === text && Date.now() - t0 < 5000,
     `request after an aborted stream (${Date.now() - t0} ms)`);
+}, async (url) => {
+  // a stream the server's shutdown cuts: it ends with Anthropic's error event (the SDK throws)
+  const client = new Anthropic({ baseURL: url, apiKey: key, maxRetries: 0 });
+  const stream = await client.messages.create({ model: "demo", max_tokens: 100000, ignore_eos: true, stream: true,
+    messages: [{ role: "user", content: "Go on." }] });
+  const it = stream[Symbol.asyncIterator]();
+  for (let n = 0; n < 3;) if ((await it.next()).value?.type === "content_block_delta") n++;
+  return async () => {
+    try {
+      while (!(await it.next()).done);
+      expect(false, "a stream cut by the shutdown ended without an error event");
+    } catch (e) {
+      expect(e instanceof Anthropic.APIError && e.error?.error?.type === "overloaded_error" && /shutting down/.test(e.message),
+        `shutdown mid-stream: ${e}`);
+    }
+  };
 });

@@ -16,7 +16,9 @@ export function expect(cond, msg) {
 }
 
 // Starts the server, runs main(url), stops the server (SIGTERM must exit 0) and exits.
-export async function run(portBase, main) {
+// atStop(url), if given, runs last with the server up and returns a function that is awaited
+// after SIGTERM was sent (a stream cut by the shutdown).
+export async function run(portBase, main, atStop) {
   const exe = resolve(root, process.env.STRATA || `${process.env.BUILD || "build"}/strata`);
   const model = resolve(root, process.env.STRATA_DEMO_MODEL || "demo");
   const port = Number(process.env.PORT || portBase + (process.pid % 2000));
@@ -31,14 +33,23 @@ export async function run(portBase, main) {
     if (!up) await new Promise((r) => setTimeout(r, 100));
   }
   expect(up, "server came up");
+  let after = null;
   if (up) {
     try {
       await main(url);
+      if (atStop) after = await atStop(url);
     } catch (e) {
       expect(false, `unexpected: ${e?.stack || e}`);
     }
   }
   server.kill("SIGTERM");
+  if (after) {
+    try {
+      await after();
+    } catch (e) {
+      expect(false, `unexpected at shutdown: ${e?.stack || e}`);
+    }
+  }
   const { code } = await Promise.race([exited, new Promise((r) => setTimeout(() => r({ code: "timeout" }), 5000))]);
   expect(code === 0, `strata serve exits 0 on SIGTERM (got ${code})`);
   if (code === "timeout") server.kill("SIGKILL");

@@ -150,10 +150,23 @@ await run(22000, async (url) => {
   }
 
   // abort a long stream; the engine is free for the next request
-  const longs = await client.responses.create({ ...base, max_output_tokens: 100000, stream: true });
+  const longs = await client.responses.create({ ...base, max_output_tokens: 100000, ignore_eos: true, stream: true });
   let n = 0;
   for await (const ev of longs) { if (ev.type === "response.output_text.delta" && ++n >= 3) { longs.controller.abort(); break; } }
   const t0 = Date.now();
   const after = await client.responses.create(base);
   expect(after.output_text === plain.output_text && Date.now() - t0 < 5000, `request after an aborted stream (${Date.now() - t0} ms)`);
+}, async (url) => {
+  // a stream the server's shutdown cuts: it ends with response.failed
+  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: key, maxRetries: 0 });
+  const stream = await client.responses.create({ model: "demo", input: "Go on.", max_output_tokens: 100000,
+    ignore_eos: true, reasoning: { effort: "none" }, stream: true });
+  const it = stream[Symbol.asyncIterator]();
+  for (let n = 0; n < 3;) if ((await it.next()).value?.type === "response.output_text.delta") n++;
+  return async () => {
+    let last = null;
+    for (;;) { const r = await it.next(); if (r.done) break; last = r.value; }
+    expect(last?.type === "response.failed" && last.response.status === "failed" && /shutting down/.test(last.response.error?.message),
+      `shutdown mid-stream: ${JSON.stringify(last)?.slice(0, 300)}`);
+  };
 });
