@@ -79,6 +79,10 @@ ASAN_TESTS := build-asan/tests/test_loader
 # and constrained decoding through the SDKs' structured-output helpers (grammar.mjs)
 # (need scripts/install-deps.sh)
 CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/grammar.mjs tests/server/curl.sh
+# OpenAI's Responses API with the openai package, Anthropic's Messages API with @anthropic-ai/sdk
+CLIENT_TESTS += tests/server/responses.mjs tests/server/anthropic.mjs
+# the agent CLIs (Claude Code, Codex) in a loopback-only network namespace
+CLIENT_TESTS += tests/agents/agents.sh
 test: $(BUILD)/strata $(TESTS) $(REPLAYS)
 	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(ASAN_TESTS) >/dev/null
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(REPLAYS) $(ASAN_TESTS) $(CLIENT_TESTS)

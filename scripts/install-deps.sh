@@ -3,6 +3,8 @@
 # apt-get only for what is missing. Run as root (or with sudo available).
 set -euo pipefail
 pkgs=(build-essential pkg-config libjansson-dev libpcre2-dev libmicrohttpd-dev libicu-dev curl python3)
+# tests/agents runs the agent CLIs in a network namespace: unshare (util-linux) and ip
+pkgs+=(iproute2)
 # make fuzz: clang with libFuzzer and the sanitizer runtimes (Debian 12: clang-14; the runtimes
 # are only recommended by clang, so named)
 pkgs+=(clang libclang-rt-14-dev)
@@ -19,11 +21,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# the npm clients of tests/server (openai, and the SDKs grammar.mjs drives: ai,
-# @ai-sdk/openai-compatible, @langchain/openai, zod), pinned by its package-lock.json; installed
-# again when one is missing (a node_modules from before a package was added)
-srv="$(dirname "$0")/../tests/server/node_modules"
-if [ ! -d "$srv/openai" ] || [ ! -d "$srv/ai" ] || [ ! -d "$srv/@ai-sdk/openai-compatible" ] ||
-   [ ! -d "$srv/@langchain/openai" ] || [ ! -d "$srv/zod" ]; then
-    npm ci --prefix "$(dirname "$0")/../tests/server" --no-audit --no-fund --loglevel=error
+# the npm clients for tests/server (openai, @anthropic-ai/sdk, ...: pinned by its
+# package-lock.json), again when one that package.json names is missing
+srv="$(dirname "$0")/../tests/server"
+if ! (cd "$srv" && node -e 'const fs = require("fs"); for (const p of Object.keys(require("./package.json").dependencies))
+        if (!fs.existsSync("node_modules/" + p + "/package.json")) process.exit(1)'); then
+    npm ci --prefix "$srv" --no-audit --no-fund --loglevel=error
+fi
+# the agent CLIs for tests/agents (Claude Code, Codex: native binaries from npm, ~800 MB)
+agents="$(dirname "$0")/../tests/agents"
+if [ ! -x "$agents/node_modules/.bin/claude" ] || [ ! -x "$agents/node_modules/.bin/codex" ]; then
+    npm ci --prefix "$agents" --no-audit --no-fund --loglevel=error
 fi

@@ -700,6 +700,17 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
                         struct api_error *e) {
     json_t *rq = parse_body(body, len, e);
     if (!rq) return NULL;
+    return api_job_new_json(m, tok, tmpl, model_name, is_chat, rq, rng, rng_mu, allow_forced, e);
+}
+
+json_t *api_parse_body(const char *body, size_t len, struct api_error *e) {
+    return parse_body(body, len, e);
+}
+
+struct job *api_job_new_json(struct model *m, struct tokenizer *tok,
+                             const struct chat_template *tmpl, const char *model_name,
+                             int is_chat, json_t *rq, uint64_t *rng, pthread_mutex_t *rng_mu,
+                             int allow_forced, struct api_error *e) {
     struct job *j = xcalloc(1, sizeof *j);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
@@ -811,6 +822,7 @@ void api_job_free(struct job *j) {
     free(j->out.s);
     free(j->text.s);
     if (j->cs) chat_stream_free(j->cs);
+    if (j->proto && j->proto->free) j->proto->free(j->proto_state);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -831,6 +843,10 @@ static void frame_chat_start(struct job *j) {
 
 static void on_chat_delta(void *user, const struct chat_delta *d) {
     struct job *j = user;
+    if (j->proto) {
+        j->proto->delta(j, d);
+        return;
+    }
     switch (d->kind) {
     case CHAT_DELTA_CONTENT:
     case CHAT_DELTA_REASONING:
@@ -891,7 +907,7 @@ static int job_emit(void *user, const struct engine_event *ev) {
         size_t before = j->out.len;
         if (j->is_chat) {
             chat_stream_push(j->cs, ev->text, ev->len);
-            if (ev->id >= 0 && !j->sent_first) { /* the first event leaves with the first token */
+            if (ev->id >= 0 && !j->sent_first && !j->proto) { /* the first event leaves with the first token */
                 frame_chat_start(j);
                 strbuf_adds(&j->out, "\"content\":\"\"");
                 frame_end(j);
@@ -906,6 +922,8 @@ static int job_emit(void *user, const struct engine_event *ev) {
                 strbuf_adds(&j->out, "]},\"finish_reason\":null}]}\n\n");
                 free(s);
             }
+        } else if (j->proto) {
+            if (ev->len) j->proto->text(j, ev->text, ev->len);
         } else if (lp) {
             json_t *o = cmpl_lp_new();
             cmpl_lp_add(j, o, ev, offset);
@@ -1018,6 +1036,10 @@ void api_job_run(struct job *j, struct engine *eng) {
             chat_stream_finish(j->cs);
             truncated = chat_stream_truncated(j->cs);
         }
+        if (j->proto) { /* its own closing events (one choice) */
+            j->proto->finish(j);
+            goto done;
+        }
         strbuf_adds(&j->out, j->chunk_head);
         if (j->is_chat) strbuf_adds(&j->out, "\"delta\":{},");
         else strbuf_adds(&j->out, "\"text\":\"\",");
@@ -1044,6 +1066,7 @@ void api_job_run(struct job *j, struct engine *eng) {
         }
         strbuf_adds(&j->out, "data: [DONE]\n\n");
     }
+done:
     j->done = 1;
     flush_out(j);
     pthread_cond_broadcast(&j->cv);
@@ -1055,7 +1078,9 @@ void api_job_fail(struct job *j, int status, const char *msg) {
     j->failed = 1;
     j->fail_status = status;
     snprintf(j->fail_msg, sizeof j->fail_msg, "%s", msg);
-    if (j->stream) {
+    if (j->stream && j->proto) {
+        j->proto->fail(j, status, msg);
+    } else if (j->stream) {
         struct api_error e = {.status = status,
                               .type = status == 503 ? "unavailable_error" : "server_error"};
         snprintf(e.message, sizeof e.message, "%s", msg);
@@ -1102,6 +1127,7 @@ static json_t *choice_json(const struct job *j, int index, const char *text, siz
 }
 
 json_t *api_job_response(struct job *j, int *status) {
+    if (j->proto) return j->proto->response(j, status);
     if (j->failed) {
         struct api_error e = {.status = j->fail_status,
                               .type = j->fail_status == 503 ? "unavailable_error" : "server_error"};

@@ -35,6 +35,20 @@ json_t *api_error_json(const struct api_error *e);
 const char *api_quote(char *dst, size_t cap, const char *src, size_t n, size_t max_chars);
 
 struct server;
+struct job;
+
+/* Another protocol's framing of a job (ollama.c): a job whose proto is NULL speaks OpenAI's SSE
+ * and JSON. The stream callbacks run on the engine thread with j->mu held and append to j->out;
+ * response runs on the connection thread once the job is done; free releases proto_state. */
+struct api_proto {
+    const char *content_type; /* of a streamed response */
+    void (*delta)(struct job *j, const struct chat_delta *d);     /* chat: a parsed piece */
+    void (*text)(struct job *j, const char *text, size_t len);    /* completion: raw text */
+    void (*finish)(struct job *j);                          /* a stream ran to its end */
+    void (*fail)(struct job *j, int status, const char *msg); /* a stream's error event */
+    json_t *(*response)(struct job *j, int *status);        /* the non-streaming body */
+    void (*free)(void *state);
+};
 
 /* One generation request, shared by its connection thread and the engine thread (refs). */
 struct job {
@@ -100,6 +114,8 @@ struct job {
     int fd;                    /* the client's socket (peer-gone checks), -1 if none */
     int (*sink)(void *user, const char *frame, size_t n); /* in-process: frames go here */
     void *sink_user;
+    const struct api_proto *proto; /* NULL: OpenAI */
+    void *proto_state;
 };
 
 /* Parses and validates a /v1/chat/completions (is_chat) or /v1/completions body, renders and
@@ -111,6 +127,14 @@ struct job *api_job_new(struct model *m, struct tokenizer *tok, const struct cha
                         const char *model_name, int is_chat, const char *body, size_t len,
                         uint64_t *rng, pthread_mutex_t *rng_mu, int allow_forced,
                         struct api_error *e);
+/* The same from a parsed chat request (rq is taken over, also on failure): how the other
+ * protocols run on the chat path, once they have turned their request into chat messages. */
+struct job *api_job_new_json(struct model *m, struct tokenizer *tok,
+                             const struct chat_template *tmpl, const char *model_name,
+                             int is_chat, json_t *rq, uint64_t *rng, pthread_mutex_t *rng_mu,
+                             int allow_forced, struct api_error *e);
+/* A request body as a JSON object; NULL + e (400, the line and column) otherwise. */
+json_t *api_parse_body(const char *body, size_t len, struct api_error *e);
 void api_job_free(struct job *j);
 /* Runs the job on the engine (engine thread), framing SSE as tokens come; sets done. */
 void api_job_run(struct job *j, struct engine *eng);

@@ -30,11 +30,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "anthropic.h"
 #include "conns.h"
 #include "engine/cache.h"
 #include "engine/engine.h"
 #include "guard.h"
 #include "openai.h"
+#include "responses.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 
@@ -50,6 +52,9 @@ enum route {
     ROUTE_DETOKENIZE,
     ROUTE_APPLY_TEMPLATE,
     ROUTE_OPTIONS,
+    ROUTE_RESPONSES,          /* OpenAI's Responses API (responses.c) */
+    ROUTE_MESSAGES,           /* Anthropic's Messages API (anthropic.c) */
+    ROUTE_MESSAGES_COUNT,     /* its count_tokens */
 };
 
 static const struct {
@@ -70,6 +75,10 @@ static const struct {
     {"/tokenize", ROUTE_TOKENIZE, "POST", 0},
     {"/detokenize", ROUTE_DETOKENIZE, "POST", 0},
     {"/apply-template", ROUTE_APPLY_TEMPLATE, "POST", 0},
+    {"/v1/responses", ROUTE_RESPONSES, "POST", 0},
+    {"/responses", ROUTE_RESPONSES, "POST", 0},
+    {"/v1/messages", ROUTE_MESSAGES, "POST", 0},
+    {"/v1/messages/count_tokens", ROUTE_MESSAGES_COUNT, "POST", 0},
 };
 
 static const double ttft_buckets_s[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -294,6 +303,17 @@ static enum MHD_Result respond_error(struct server *s, struct MHD_Connection *c,
     return respond_error_c(s, c, e, 0);
 }
 
+/* An error in the shape of the route's protocol (Anthropic's for /v1/messages). */
+static enum MHD_Result respond_route_error(struct server *s, struct MHD_Connection *c,
+                                           enum route route, const struct api_error *e, int close) {
+    if (route != ROUTE_MESSAGES && route != ROUTE_MESSAGES_COUNT)
+        return respond_error_c(s, c, e, close);
+    pthread_mutex_lock(&s->mu);
+    s->met.errors++;
+    pthread_mutex_unlock(&s->mu);
+    return respond_json_c(s, c, e->status, anthropic_error_json(e), close);
+}
+
 /* How long a stream waits at shutdown for the engine to write its last event. */
 #define SHUTDOWN_EVENT_WAIT_MS 5000
 
@@ -349,10 +369,17 @@ static void sse_free(void *cls) {
 static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection *c,
                                         struct conn *cn) {
     struct api_error e = {0};
-    struct job *j = api_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->route == ROUTE_CHAT,
-                                cn->body.s, cn->body.len, &s->rng, &s->mu,
-                                s->opt.allow_forced_output, &e);
-    if (!j) return respond_error(s, c, &e);
+    struct job *j;
+    if (cn->route == ROUTE_RESPONSES)
+        j = responses_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->body.s, cn->body.len,
+                              &s->rng, &s->mu, s->opt.allow_forced_output, &e);
+    else if (cn->route == ROUTE_MESSAGES)
+        j = anthropic_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->body.s, cn->body.len,
+                              &s->rng, &s->mu, s->opt.allow_forced_output, &e);
+    else
+        j = api_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->route == ROUTE_CHAT,
+                        cn->body.s, cn->body.len, &s->rng, &s->mu, s->opt.allow_forced_output, &e);
+    if (!j) return respond_route_error(s, c, cn->route, &e, 0);
     j->server = s;
     j->stopping = &s->stopping;
     j->fd = cn->fd;
@@ -363,7 +390,7 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
         snprintf(busy.message, sizeof busy.message,
                  atomic_load(&s->stopping) ? "the server is shutting down"
                                            : "the request queue is full; retry later");
-        return respond_error(s, c, &busy);
+        return respond_route_error(s, c, cn->route, &busy, 0);
     }
     /* from here the connection lives as long as the generation: no header/body deadline, and
      * MHD's inactivity timeout is the stream's (a queued request may wait long for a token) */
@@ -379,7 +406,8 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
             sse_free(j);
             return MHD_NO;
         }
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Content-Type", j->proto && j->proto->content_type
+                                                       ? j->proto->content_type : "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         add_cors(s, c, r);
@@ -659,14 +687,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (cn->status && cn->close_after) { /* answer now; the body is not read */
             struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code};
             snprintf(e.message, sizeof e.message, "%s", cn->err_msg);
-            return respond_error_c(s, c, &e, 1);
+            return respond_route_error(s, c, cn->route, &e, 1);
         }
         if (cn->too_large && !cn->status) {
             /* answer before reading a body we will not accept */
             struct api_error e = {.status = 413, .type = "invalid_request_error"};
             snprintf(e.message, sizeof e.message, "request body exceeds the limit of %zu bytes",
                      s->opt.max_body_bytes);
-            return respond_error_c(s, c, &e, 1);
+            return respond_route_error(s, c, cn->route, &e, 1);
         }
         return MHD_YES;
     }
@@ -686,13 +714,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cn->status) {
         struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code};
         snprintf(e.message, sizeof e.message, "%s", cn->err_msg);
-        return respond_error(s, c, &e);
+        return respond_route_error(s, c, cn->route, &e, 0);
     }
     if (cn->too_large) {
         struct api_error e = {.status = 413, .type = "invalid_request_error"};
         snprintf(e.message, sizeof e.message, "request body exceeds the limit of %zu bytes",
                  s->opt.max_body_bytes);
-        return respond_error(s, c, &e);
+        return respond_route_error(s, c, cn->route, &e, 0);
     }
     switch (cn->route) {
     case ROUTE_HEALTH:
@@ -728,8 +756,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         json_t *r = api_apply_template(&s->tmpl, cn->body.s, cn->body.len, &e);
         return r ? respond_json(s, c, 200, r) : respond_error(s, c, &e);
     }
+    case ROUTE_MESSAGES_COUNT: {
+        struct api_error e = {0};
+        json_t *r = anthropic_count_tokens(s->tok, &s->tmpl, cn->body.s, cn->body.len, &e);
+        return r ? respond_json(s, c, 200, r) : respond_route_error(s, c, cn->route, &e, 0);
+    }
     case ROUTE_CHAT:
     case ROUTE_COMPLETIONS:
+    case ROUTE_RESPONSES:
+    case ROUTE_MESSAGES:
         return serve_generation(s, c, cn);
     case ROUTE_OPTIONS: {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
