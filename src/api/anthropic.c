@@ -646,11 +646,6 @@ struct job *anthropic_job_new(struct model *m, struct tokenizer *tok,
         api_job_new_json(m, tok, tmpl, model_name, 1, chat, rng, rng_mu, allow_forced, e);
     if (!j) {
         if (!strcmp(e->param, "stop")) snprintf(e->param, sizeof e->param, "stop_sequences");
-        /* chat's refusal of a forced call is in OpenAI's words; say it in these */
-        if (!strcmp(e->param, "tool_choice") && strstr(e->message, "must be \"auto\" or \"none\""))
-            snprintf(e->message, sizeof e->message, "tool_choice: {\"type\": \"any\"} and {\"type\": "
-                     "\"tool\"} are not supported by this server (forcing a tool call needs "
-                     "constrained decoding); use auto or none");
         return NULL;
     }
     struct msg_state *st = xcalloc(1, sizeof *st);

@@ -49,6 +49,16 @@ await run(20000, async (url) => {
     final.usage.cache_read_input_tokens + final.usage.input_tokens === plain.usage.cache_read_input_tokens + plain.usage.input_tokens,
     `cache_read_input_tokens on a re-send ${JSON.stringify(final.usage)}`);
 
+  // tool_choice any / tool: a call is forced, its input decoded under the tool's schema (the
+  // demo model writes nonsense: only the constraint makes it a valid call)
+  for (const tc of [{ type: "any" }, { type: "tool", name: "get_weather" }]) {
+    const forced = await client.messages.create({ ...base, max_tokens: 300, tools, tool_choice: tc });
+    const use = forced.content.find((b) => b.type === "tool_use");
+    expect(forced.stop_reason === "tool_use" && use && use.name === "get_weather" &&
+      typeof use.input === "object" && typeof use.input.city === "string",
+      `tool_choice ${JSON.stringify(tc)} forces a valid call: ${forced.stop_reason} ${JSON.stringify(forced.content).slice(0, 300)}`);
+  }
+
   // count_tokens: the prompt the same request is given
   const counted = await client.messages.countTokens({ model: "demo", messages: base.messages, thinking: base.thinking });
   expect(counted.input_tokens === plain.usage.input_tokens + plain.usage.cache_read_input_tokens,
