@@ -1333,13 +1333,15 @@ struct sclass {
                           indexed like acc, or by token id with acc_bits */
     int max_d;         /* the largest of acc_d */
     int32_t *unc_tok; /* (n_unc,) context-dependent: token, and the bytes it consumed when */
-    uint16_t *unc_off; /* its path left the rule */
+    uint16_t *unc_off; /* its path left the rule; grouped by offset, in trie order within one */
+    uint16_t *unc_lcp; /* (so remainders come in sorted runs), each remainder's common prefix
+                          length with the one before */
     int n_unc;
 };
 
 static void sclass_free(struct sclass *c) {
     if (!c) return;
-    free(c->acc), free(c->acc_bits), free(c->acc_d), free(c->unc_tok), free(c->unc_off);
+    free(c->acc), free(c->acc_bits), free(c->acc_d), free(c->unc_tok), free(c->unc_off), free(c->unc_lcp);
     free(c);
 }
 
@@ -1842,8 +1844,34 @@ static struct sclass *classify(const struct grammar *g, const struct grammar_voc
         for (int k = 0; k < c->n_acc; k++) c->acc_d[k] = (uint16_t)dl[k];
     }
     free(dl);
-    c->unc_tok = u.tok;
-    c->unc_off = u.off;
+    /* the uncertain entries grouped by offset (a stable counting sort: within one offset, trie
+     * order sorts the remainders of each popped prefix), so that run time walks a shared prefix
+     * of consecutive remainders once */
+    int *count = xcalloc((size_t)D + 2, sizeof *count);
+    for (int k = 0; k < u.n; k++) count[u.off[k] + 1]++;
+    for (int d = 1; d <= D + 1; d++) count[d] += count[d - 1];
+    c->unc_tok = xmalloc((size_t)(u.n ? u.n : 1) * sizeof *c->unc_tok);
+    c->unc_off = xmalloc((size_t)(u.n ? u.n : 1) * sizeof *c->unc_off);
+    c->unc_lcp = xmalloc((size_t)(u.n ? u.n : 1) * sizeof *c->unc_lcp);
+    for (int k = 0; k < u.n; k++) {
+        int at = count[u.off[k]]++;
+        c->unc_tok[at] = u.tok[k];
+        c->unc_off[at] = u.off[k];
+    }
+    free(count);
+    for (int k = 0; k < u.n; k++) {
+        uint16_t l = 0;
+        if (k > 0) {
+            const char *a = v->blob + v->off[c->unc_tok[k - 1]] + c->unc_off[k - 1];
+            const char *b = v->blob + v->off[c->unc_tok[k]] + c->unc_off[k];
+            int la = (int)(v->off[c->unc_tok[k - 1] + 1] - v->off[c->unc_tok[k - 1]]) - c->unc_off[k - 1];
+            int lb = (int)(v->off[c->unc_tok[k] + 1] - v->off[c->unc_tok[k]]) - c->unc_off[k];
+            while (l < la && l < lb && a[l] == b[l]) l++;
+        }
+        c->unc_lcp[k] = l;
+    }
+    free(u.tok);
+    free(u.off);
     c->n_unc = u.n;
     return c;
 }
@@ -1897,6 +1925,7 @@ struct grammar_matcher {
     int64_t cache_max[N_CACHE]; /* the mask's largest completion after a token (mask_normal) */
     int64_t *sdist;             /* (n_sdist,) set_dist by set id, -1 unknown */
     int n_sdist;
+    int32_t *unc_path;          /* (longest token + 1,) mask_normal's walk of remainders */
 };
 
 static void kmp_fail(const char *t, int n, int *f) {
@@ -1960,6 +1989,7 @@ struct grammar_matcher *grammar_matcher_new(struct grammar *g, const struct gram
     pda_init(&m->p, g);
     m->cur = set_of_node(&m->p, node_get(&m->p, g->start, NODE_ROOT));
     for (int i = 0; i < N_CACHE; i++) m->cache_set[i] = -1;
+    m->unc_path = xmalloc(((size_t)v->max_depth + 2) * sizeof *m->unc_path);
     if (free_until && *free_until) {
         m->trig_len = (int)strlen(free_until);
         CHECK(m->trig_len < 32);
@@ -1976,6 +2006,7 @@ void grammar_matcher_free(struct grammar_matcher *m) {
     pda_free(&m->p);
     for (int i = 0; i < N_CACHE; i++) free(m->cache_bits[i]);
     free(m->sdist);
+    free(m->unc_path);
     grammar_unref(m->g);
     free(m);
 }
@@ -2152,16 +2183,36 @@ static int mask_normal(struct grammar_matcher *m, uint64_t *bits, int64_t lim, i
         const struct sclass *c = get_class(m->g, v, p->nst[node]);
         int32_t par = p->npar[node];
         if (!c->n_unc || par == NODE_ROOT) continue;
-        int32_t ps = set_of_node(p, par);
+        /* the remainders in list order: path[d] is the set after the first d bytes of the
+         * current one (valid up to depth `valid`), and a prefix found dead (at dead_at) is not
+         * walked again by the entries that follow and share it */
+        int32_t *path = m->unc_path;
+        path[0] = set_of_node(p, par);
+        int valid = 0, dead_at = INT_MAX;
         for (int k = 0; k < c->n_unc; k++) {
-            int32_t t = c->unc_tok[k];
-            if (bits[t / 64] >> (t % 64) & 1) continue;
-            int off = c->unc_off[k];
-            int32_t r = advance(m, ps, v->blob + v->off[t] + off, (size_t)(tok_len(v, t) - off));
-            if (set_dead(p, r)) continue;
-            int64_t d = set_dist(m, r);
-            if (d > mx) mx = d;
-            if (d <= lim) bits[t / 64] |= 1ull << (t % 64);
+            const int32_t t = c->unc_tok[k];
+            const int l = c->unc_lcp[k];
+            if (l >= dead_at) continue; /* shares a dead prefix */
+            dead_at = INT_MAX;
+            if (bits[t / 64] >> (t % 64) & 1) { /* allowed already: skipped, its path unknown */
+                if (valid > l) valid = l;
+                continue;
+            }
+            const char *rem = v->blob + v->off[t] + c->unc_off[k];
+            const int rl = tok_len(v, t) - c->unc_off[k];
+            int d = l < valid ? l : valid;
+            for (; d < rl; d++) {
+                path[d + 1] = step(p, path[d], (uint8_t)rem[d]);
+                if (set_dead(p, path[d + 1])) {
+                    dead_at = d + 1;
+                    break;
+                }
+            }
+            valid = d < rl ? d + 1 : rl;
+            if (d < rl) continue;
+            int64_t dist = set_dist(m, path[rl]);
+            if (dist > mx) mx = dist;
+            if (dist <= lim) bits[t / 64] |= 1ull << (t % 64);
         }
     }
     if (p->sets[cur].flags & F_ACC) set_stops(v, bits);
