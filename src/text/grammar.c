@@ -630,7 +630,7 @@ static int32_t counted_text(struct builder *b, long long mn, long long mx, int j
     const int K = (int)(mx >= 0 ? mx : mn);
     int32_t s = st_new(b), end = json ? st_new(b) : -1;
     if (json) b->acc[end] = 1;
-    int32_t c[MAX_STR_LEN + 1];
+    int32_t c[MAX_STR_LEN + 1] = {0};
     for (int k = 0; k <= K; k++) c[k] = st_new(b);
     if (json) edge(b, s, '"', '"', c[0]);
     else eps(b, s, c[0]);
