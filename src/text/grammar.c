@@ -2042,7 +2042,7 @@ static int32_t intern(struct pda *p) {
             if (id < 0) break;
             const struct pset *s = &p->sets[id];
             if (s->hash == h && s->n == n && s->flags == p->oflags &&
-                !memcmp(p->pool + s->off, p->out, (size_t)n * sizeof *p->out))
+                (n == 0 || !memcmp(p->pool + s->off, p->out, (size_t)n * sizeof *p->out)))
                 return id;
         }
     } else { /* grow the intern table */
@@ -2061,7 +2061,7 @@ static int32_t intern(struct pda *p) {
         p->cap_pool = (p->n_pool + (size_t)n) * 2 + 1024;
         p->pool = xrealloc(p->pool, p->cap_pool * sizeof *p->pool);
     }
-    memcpy(p->pool + p->n_pool, p->out, (size_t)n * sizeof *p->out);
+    if (n) memcpy(p->pool + p->n_pool, p->out, (size_t)n * sizeof *p->out);
     if (p->n_sets == p->cap_sets) {
         p->cap_sets = p->cap_sets ? 2 * p->cap_sets : 256;
         p->sets = xrealloc(p->sets, (size_t)p->cap_sets * sizeof *p->sets);
