@@ -119,7 +119,7 @@ fuzz: $(FUZZ_BINS)
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh $(FUZZ_NAMES)
 
 # benchmark programs (the engine's own benchmark is `strata bench`)
-BENCHES := $(BUILD)/bench/bench_tokenizer $(BUILD)/bench/http_latency
+BENCHES := $(BUILD)/bench/bench_tokenizer $(BUILD)/bench/http_latency $(BUILD)/bench/bench_grammar
 bench: $(BENCHES)
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libstrata.a
 	@mkdir -p $(dir $@)

@@ -625,6 +625,103 @@ static void test_budget(const json_t *corpus, struct grammar_vocab *v, const str
     EXPECT(n_ok == n, "budget walks: %d of %d complete", n_ok, n);
 }
 
+/* GBNF: acceptance, refusals, and walks on the real vocabulary whose output parses. */
+static const char *json_gbnf =
+    "# llama.cpp's grammars/json.gbnf, as written there\n"
+    "root   ::= object\n"
+    "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+    "object ::=\n"
+    "  \"{\" ws (\n"
+    "            string \":\" ws value\n"
+    "    (\",\" ws string \":\" ws value)*\n"
+    "  )? \"}\" ws\n"
+    "array  ::=\n"
+    "  \"[\" ws (\n"
+    "            value\n"
+    "    (\",\" ws value)*\n"
+    "  )? \"]\" ws\n"
+    "string ::=\n"
+    "  \"\\\"\" (\n"
+    "    [^\"\\\\\\x7F\\x00-\\x1F] |\n"
+    "    \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"
+    "  )* \"\\\"\" ws\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
+
+static void test_gbnf(struct grammar_vocab *v, const struct vocab_src *vs) {
+    static const struct {
+        const char *g, *ok[4], *ko[4];
+    } cases[] = {
+        {"root ::= \"yes\" | \"no\"", {"yes", "no"}, {"ye!", "maybe"}},
+        {"root ::= [a-z]+ (\",\" [a-z]+)* # a list\n", {"abc", "a,bc,d"}, {"abc,", "ABC", ","}},
+        {"root ::= item{2,3}\nitem ::= [0-9] \" \"?", {"12", "1 2 3", "1 23"}, {"1", "1234"}},
+        {"root ::= \"\\\"\" ( [^\"\\\\] | \"\\\\\" [\"nt] )* \"\\\"\"", {"\"ab\"", "\"a\\\"b\"", "\"\xc3\xa9\xe6\x97\xa5\""}, {"\"a", "\"\\x\""}},
+        {"root ::= (\"a\"\n   | \"b\") . [\\u00e9-\\u00ff]?", {"ac", "b\xe6\x97\xa5", "aa\xc3\xa9"}, {"c", "aa\xc3\xa8"}},
+        {"root ::= [^a-z]", {"A", "\xf0\x9f\x98\x80"}, {"q", "\xed\xa0\x80"}},
+    };
+    const char *one = "x";
+    size_t one_len = 1;
+    struct grammar_vocab *v1 = grammar_vocab_new(1, &one, &one_len, NULL, 0);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct grammar_spec sp = {.gbnf = cases[c].g};
+        struct error err;
+        struct grammar *g = grammar_compile(&sp, &err);
+        EXPECT(g, "gbnf %zu: %s", c, err.msg);
+        if (!g) continue;
+        for (int k = 0; k < 4; k++) {
+            const char *s;
+            if ((s = cases[c].ok[k])) {
+                struct grammar_matcher *m = grammar_matcher_new(g, v1, NULL);
+                EXPECT(grammar_matcher_accept_bytes(m, s, strlen(s)) == 0 && grammar_matcher_is_complete(m),
+                       "gbnf %zu: '%s' must be accepted", c, s);
+                grammar_matcher_free(m);
+            }
+            if ((s = cases[c].ko[k])) {
+                struct grammar_matcher *m = grammar_matcher_new(g, v1, NULL);
+                int r = grammar_matcher_accept_bytes(m, s, strlen(s));
+                EXPECT(r != 0 || !grammar_matcher_is_complete(m), "gbnf %zu: '%s' must be refused", c, s);
+                grammar_matcher_free(m);
+            }
+        }
+        grammar_unref(g);
+    }
+    grammar_vocab_free(v1);
+    static const struct {
+        const char *g, *msg;
+    } bad[] = {
+        {"root ::= \"a\" (", "grammar: line 1: "},
+        {"x ::= \"a\"", "no rule 'root'"},
+        {"root ::= a\nroot ::= \"b\"", "line 2: a rule defined twice"},
+        {"root ::= undefined-rule", "the rule 'undefined-rule' is not defined"},
+        {"root ::= x\nx ::= x \"a\" | \"b\"", "refers to itself without consuming input"},
+        {"root ::= [z-a]", "a reversed range"},
+        {"root ::= \"\\q\"", "an unknown escape"},
+        {"root ::= \"a\"{3,1}", "a bad {m,n}"},
+        {"root ::= \"unterminated", "an unterminated literal"},
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        struct grammar_spec sp = {.gbnf = bad[c].g};
+        struct error err = {{0}};
+        struct grammar *g = grammar_compile(&sp, &err);
+        EXPECT(!g && strstr(err.msg, bad[c].msg), "bad gbnf %zu: want '%s', got %s", c, bad[c].msg, g ? "a grammar" : err.msg);
+        grammar_unref(g);
+    }
+    /* llama.cpp's JSON grammar on the real vocabulary: walks end in JSON objects */
+    struct grammar_spec sp = {.gbnf = json_gbnf};
+    struct error err;
+    struct grammar *g = grammar_compile(&sp, &err);
+    EXPECT(g, "json.gbnf: %s", err.msg);
+    for (int w = 0; g && w < 6; w++) {
+        int stopped;
+        char *out = walk(g, v, vs, 120, w == 0 ? 4 : 0, NULL, NULL, &stopped, "json.gbnf walk");
+        json_t *j = json_loads(out, 0, NULL);
+        EXPECT(stopped && j && json_is_object(j), "json.gbnf walk %d: %s", w, out);
+        json_decref(j);
+        free(out);
+    }
+    grammar_unref(g);
+}
+
 int main(void) {
     json_t *corpus = load_json("tests/fixtures/schemas/corpus.json");
     json_t *bad = load_json("tests/fixtures/schemas/bad.json");
@@ -643,6 +740,7 @@ int main(void) {
     test_real_vocab(corpus, tok, v, &vs);
     test_tools(v, &vs);
     test_think_and_object(v, &vs);
+    test_gbnf(v, &vs);
     test_budget(corpus, v, &vs);
     printf("mask time on the real vocabulary: %.3f ms mean over %ld steps (max %.1f ms, the first "
            "use of a state included)\n", mask_steps ? mask_ms_total / mask_steps : 0, mask_steps, mask_ms_max);

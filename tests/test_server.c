@@ -628,7 +628,7 @@ static void test_bad_input(void) {
         {"stream_options", "3"},    {"tools", "{}"},           {"tool_choice", "\"required\""},
         {"top_logprobs", "3"},   {"logprobs", "2"},       {"response_format", "{\"type\":\"xml\"}"},
         {"response_format", "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"format\":\"date\"}}}"},
-        {"grammar", "\"root ::= \\\"a\\\"\""}, {"tool_choice", "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"},
+        {"grammar", "\"root ::= (\""}, {"grammar", "5"}, {"tool_choice", "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"},
         {"chat_template_kwargs", "[]"}, {"model", "7"}, {"logit_bias", "{\"abc\":1}"},
         {"logit_bias", "{\"5\":500}"},
     };

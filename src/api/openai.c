@@ -222,10 +222,16 @@ static int parse_response_format(struct job *j, const json_t *rq, struct api_err
         j->rf_schema = v;
         j->rf_param = "json_schema";
     }
-    v = json_object_get(rq, "grammar");
-    if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0))
-        return bad(e, "grammar", "'grammar' (GBNF) is not supported; constrain the output with "
-                   "'response_format' {\"type\": \"json_schema\"} or 'json_schema' instead");
+    v = json_object_get(rq, "grammar"); /* llama-server: GBNF */
+    if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0)) {
+        if (!json_is_string(v)) return bad(e, "grammar", "'grammar' must be a string (GBNF)");
+        if (j->rf_schema || j->rf_json_object)
+            return bad(e, "grammar", "give either 'grammar' or 'response_format' / 'json_schema', not both");
+        if (strlen(json_string_value(v)) != json_string_length(v))
+            return bad(e, "grammar", "'grammar' holds a NUL byte");
+        j->rf_gbnf = json_string_value(v);
+        j->rf_param = "grammar";
+    }
     return 0;
 }
 
@@ -313,10 +319,10 @@ static struct grammar *grammar_cached(const struct grammar_spec *sp, struct erro
     static char *keys[GRAMMAR_CACHE];
     static struct grammar *gs[GRAMMAR_CACHE];
     static int next;
-    json_t *k = json_pack("{s:O?,s:i,s:O?,s:s?,s:i,s:i,s:i}", "schema", sp->schema, "json_object",
-                          sp->json_object, "tools", sp->tools, "tool_name", sp->tool_name,
-                          "required", sp->tools_required, "parallel", sp->parallel, "think",
-                          sp->after_think);
+    json_t *k = json_pack("{s:O?,s:i,s:s?,s:O?,s:s?,s:i,s:i,s:i}", "schema", sp->schema,
+                          "json_object", sp->json_object, "gbnf", sp->gbnf, "tools", sp->tools,
+                          "tool_name", sp->tool_name, "required", sp->tools_required, "parallel",
+                          sp->parallel, "think", sp->after_think);
     char *key = k ? json_dumps(k, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     json_decref(k);
     pthread_mutex_lock(&mu);
@@ -347,12 +353,13 @@ static struct grammar *grammar_cached(const struct grammar_spec *sp, struct erro
 /* The matcher of a request that asks for structured output or a tool call; 0 when none does. */
 static int setup_grammar(struct job *j, const struct model *m, const struct tokenizer *tok,
                          struct api_error *e) {
-    const int content = j->rf_schema || j->rf_json_object;
+    const int content = j->rf_schema || j->rf_json_object || j->rf_gbnf;
     const int calls = j->is_chat && j->tools && (j->tools_required || j->tool_name);
     if (!content && !calls) return 0;
     struct grammar_spec sp = {
         .schema = j->rf_schema,
         .json_object = j->rf_json_object,
+        .gbnf = j->rf_gbnf,
         .tools = j->is_chat ? j->tools : NULL, /* with tool_choice auto: a call or the content */
         .tool_name = j->tool_name,
         .tools_required = j->tools_required,
@@ -367,7 +374,7 @@ static int setup_grammar(struct job *j, const struct model *m, const struct toke
     }
     if (!g) {
         const int tool_err = !strncmp(err.msg, "tools", 5);
-        return bad(e, tool_err ? "tools" : j->rf_param, "%s%s", tool_err ? "" :
+        return bad(e, tool_err ? "tools" : j->rf_param, "%s%s", tool_err || j->rf_gbnf ? "" :
                    !strcmp(j->rf_param, "json_schema") ? "json_schema: " : "response_format.json_schema.",
                    err.msg);
     }

@@ -68,6 +68,7 @@ struct job {
      * for (borrowed from request), and the matcher the engine runs (owned) */
     const json_t *rf_schema;
     int rf_json_object;
+    const char *rf_gbnf;   /* llama-server's "grammar" */
     const char *rf_param;  /* the field that asked: "response_format" or "json_schema" */
     const char *tool_name; /* tool_choice naming a function */
     int tools_required, parallel_calls;

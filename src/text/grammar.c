@@ -630,7 +630,7 @@ static int32_t counted_text(struct builder *b, long long mn, long long mx, int j
     const int K = (int)(mx >= 0 ? mx : mn);
     int32_t s = st_new(b), end = json ? st_new(b) : -1;
     if (json) b->acc[end] = 1;
-    int32_t c[MAX_STR_LEN + 1];
+    int32_t c[MAX_STR_LEN + 1] = {0};
     for (int k = 0; k <= K; k++) c[k] = st_new(b);
     if (json) edge(b, s, '"', '"', c[0]);
     else eps(b, s, c[0]);
@@ -1099,6 +1099,393 @@ static int32_t tool_call_rule(struct builder *b, const json_t *tools, const char
     return s;
 }
 
+/* ---- GBNF (llama.cpp's grammar format) ------------------------------------------------ */
+
+/* Code points lo..hi (same UTF-8 length n, bytes L and H) from `from` to `to`. */
+static void utf8_bytes_range(struct builder *b, int32_t from, const uint8_t *L, const uint8_t *H,
+                             int n, int32_t to) {
+    if (n == 1) {
+        edge(b, from, L[0], H[0], to);
+        return;
+    }
+    int lo_min = 1, hi_max = 1;
+    for (int i = 1; i < n; i++) lo_min &= L[i] == 0x80, hi_max &= H[i] == 0xBF;
+    if (L[0] == H[0] || (lo_min && hi_max)) {
+        int32_t mid = st_new(b);
+        edge(b, from, L[0], H[0], mid);
+        utf8_bytes_range(b, mid, L + 1, H + 1, n - 1, to);
+        return;
+    }
+    uint8_t top[4] = {0xBF, 0xBF, 0xBF, 0xBF}, bot[4] = {0x80, 0x80, 0x80, 0x80};
+    int32_t mid = st_new(b); /* L[0] then L[1..] .. BF.. */
+    edge(b, from, L[0], L[0], mid);
+    utf8_bytes_range(b, mid, L + 1, top, n - 1, to);
+    if (L[0] + 1 <= H[0] - 1) {
+        mid = st_new(b);
+        edge(b, from, L[0] + 1, H[0] - 1, mid);
+        utf8_bytes_range(b, mid, bot, top, n - 1, to);
+    }
+    mid = st_new(b);
+    edge(b, from, H[0], H[0], mid);
+    utf8_bytes_range(b, mid, bot, H + 1, n - 1, to);
+}
+
+static int utf8_encode(uint32_t c, uint8_t *o) {
+    if (c < 0x80) return o[0] = (uint8_t)c, 1;
+    if (c < 0x800) return o[0] = (uint8_t)(0xC0 | c >> 6), o[1] = (uint8_t)(0x80 | (c & 63)), 2;
+    if (c < 0x10000)
+        return o[0] = (uint8_t)(0xE0 | c >> 12), o[1] = (uint8_t)(0x80 | (c >> 6 & 63)),
+               o[2] = (uint8_t)(0x80 | (c & 63)), 3;
+    return o[0] = (uint8_t)(0xF0 | c >> 18), o[1] = (uint8_t)(0x80 | (c >> 12 & 63)),
+           o[2] = (uint8_t)(0x80 | (c >> 6 & 63)), o[3] = (uint8_t)(0x80 | (c & 63)), 4;
+}
+
+/* Code points lo..hi (no surrogates) as UTF-8, from `from` to `to`. */
+static void cp_range(struct builder *b, int32_t from, uint32_t lo, uint32_t hi, int32_t to) {
+    static const uint32_t bounds[] = {0x7F, 0x7FF, 0xD7FF, 0xDFFF, 0xFFFF, 0x10FFFF};
+    uint32_t start = 0;
+    for (int k = 0; k < 6; k++) {
+        uint32_t a = lo > start ? lo : start, z = hi < bounds[k] ? hi : bounds[k];
+        if (a <= z && k != 3) { /* k == 3: the surrogates */
+            uint8_t L[4], H[4];
+            int n = utf8_encode(a, L);
+            utf8_encode(z, H);
+            utf8_bytes_range(b, from, L, H, n, to);
+        }
+        start = bounds[k] + 1;
+    }
+}
+
+struct gbnf {
+    struct builder *b;
+    const char *src, *p, *end;
+    struct {
+        const char *name;
+        size_t len;
+        const char *body; /* after ::= */
+        int32_t start;
+        int defined;
+    } rules[512];
+    int n_rules;
+};
+
+static int gbnf_fail(struct gbnf *G, const char *what) {
+    int line = 1;
+    for (const char *q = G->src; q < G->p && q < G->end; q++) line += *q == '\n';
+    if (!G->b->failed) error_set(G->b->err, "grammar: line %d: %s", line, what);
+    G->b->failed = 1;
+    return -1;
+}
+
+static void gbnf_ws(struct gbnf *G, int newlines) {
+    for (;;) {
+        while (G->p < G->end && (*G->p == ' ' || *G->p == '\t' || *G->p == '\r' ||
+                                 (newlines && *G->p == '\n')))
+            G->p++;
+        if (G->p < G->end && *G->p == '#') {
+            while (G->p < G->end && *G->p != '\n') G->p++;
+            continue;
+        }
+        /* a line that continues the rule: newline then indentation or an operator */
+        if (!newlines && G->p + 1 < G->end && *G->p == '\n') {
+            const char *q = G->p + 1;
+            while (q < G->end && (*q == ' ' || *q == '\t')) q++;
+            if (q < G->end && (q > G->p + 1 || *q == '|')) {
+                G->p = q;
+                continue;
+            }
+        }
+        return;
+    }
+}
+
+static int is_name(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
+
+static int gbnf_rule_index(struct gbnf *G, const char *name, size_t len) {
+    for (int i = 0; i < G->n_rules; i++)
+        if (G->rules[i].len == len && !memcmp(G->rules[i].name, name, len)) return i;
+    return -1;
+}
+
+/* One character of a literal or class (an escape or a UTF-8 character): its code point. */
+static int gbnf_char(struct gbnf *G, uint32_t *cp) {
+    if (G->p >= G->end) return gbnf_fail(G, "unexpected end");
+    unsigned char c = (unsigned char)*G->p;
+    if (c == '\\') {
+        G->p++;
+        if (G->p >= G->end) return gbnf_fail(G, "unexpected end after '\\'");
+        char e = *G->p++;
+        int hex = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        if (hex) {
+            uint32_t v = 0;
+            for (int i = 0; i < hex; i++, G->p++) {
+                char h = G->p < G->end ? *G->p : 0;
+                int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                if (d < 0) return gbnf_fail(G, "a bad hex escape");
+                v = v * 16 + (uint32_t)d;
+            }
+            if (v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return gbnf_fail(G, "an escape outside Unicode");
+            *cp = v;
+            return 0;
+        }
+        switch (e) {
+        case 'n': *cp = '\n'; break;
+        case 'r': *cp = '\r'; break;
+        case 't': *cp = '\t'; break;
+        case '\\': case '"': case '[': case ']': case '-': case '^': *cp = (unsigned char)e; break;
+        default: return gbnf_fail(G, "an unknown escape");
+        }
+        return 0;
+    }
+    int k = 1;
+    if (c >= 0x80) {
+        k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+        if (G->p + k > G->end) return gbnf_fail(G, "invalid UTF-8");
+        uint32_t v = c & (0x3F >> (k - 1));
+        for (int i = 1; i < k; i++) {
+            unsigned char x = (unsigned char)G->p[i];
+            if ((x & 0xC0) != 0x80) return gbnf_fail(G, "invalid UTF-8");
+            v = v << 6 | (x & 63);
+        }
+        *cp = v;
+    } else {
+        *cp = c;
+    }
+    G->p += k;
+    return 0;
+}
+
+static int32_t gbnf_alts(struct gbnf *G, int32_t from, int depth);
+
+static int32_t gbnf_rule_start(struct gbnf *G, int i);
+
+/* One primary (literal, class, rule, group, '.') from `from`; returns its end state. */
+static int32_t gbnf_primary(struct gbnf *G, int32_t from, int depth) {
+    struct builder *b = G->b;
+    if (G->p >= G->end) return gbnf_fail(G, "an element is missing"), from;
+    char c = *G->p;
+    if (c == '"') {
+        G->p++;
+        while (G->p < G->end && *G->p != '"' && !b->failed) {
+            uint32_t cp;
+            if (gbnf_char(G, &cp)) break;
+            uint8_t o[4];
+            int n = utf8_encode(cp, o);
+            from = lit(b, from, (const char *)o, (size_t)n);
+        }
+        if (G->p >= G->end) return gbnf_fail(G, "an unterminated literal"), from;
+        G->p++;
+        return from;
+    }
+    if (c == '[') {
+        G->p++;
+        int neg = G->p < G->end && *G->p == '^';
+        if (neg) G->p++;
+        uint32_t lo[256], hi[256];
+        int n = 0;
+        while (G->p < G->end && *G->p != ']' && !b->failed) {
+            uint32_t a, z;
+            if (gbnf_char(G, &a)) break;
+            z = a;
+            if (G->p + 1 < G->end && *G->p == '-' && G->p[1] != ']') {
+                G->p++;
+                if (gbnf_char(G, &z)) break;
+                if (z < a) return gbnf_fail(G, "a reversed range in a class"), from;
+            }
+            if (n == 256) return gbnf_fail(G, "a class of more than 256 ranges"), from;
+            lo[n] = a, hi[n++] = z;
+        }
+        if (b->failed) return from;
+        if (G->p >= G->end) return gbnf_fail(G, "an unterminated class"), from;
+        G->p++;
+        int32_t to = st_new(b);
+        if (!neg) {
+            for (int i = 0; i < n; i++) cp_range(b, from, lo[i], hi[i], to);
+            return to;
+        }
+        /* the complement over all code points: sort the ranges, emit the gaps */
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && lo[j - 1] > lo[j]; j--) {
+                uint32_t t = lo[j]; lo[j] = lo[j - 1], lo[j - 1] = t;
+                t = hi[j]; hi[j] = hi[j - 1], hi[j - 1] = t;
+            }
+        uint32_t next = 0;
+        for (int i = 0; i < n; i++) {
+            if (lo[i] > next) cp_range(b, from, next, lo[i] - 1, to);
+            if (hi[i] + 1 > next) next = hi[i] + 1;
+        }
+        if (next <= 0x10FFFF) cp_range(b, from, next, 0x10FFFF, to);
+        return to;
+    }
+    if (c == '.') {
+        G->p++;
+        int32_t to = st_new(b);
+        cp_range(b, from, 0, 0x10FFFF, to);
+        return to;
+    }
+    if (c == '(') {
+        G->p++;
+        int32_t to = gbnf_alts(G, from, depth + 1);
+        gbnf_ws(G, 1);
+        if (G->p >= G->end || *G->p != ')') return gbnf_fail(G, "a '(' without its ')'"), to;
+        G->p++;
+        return to;
+    }
+    if (is_name(c)) {
+        const char *name = G->p;
+        while (G->p < G->end && is_name(*G->p)) G->p++;
+        int i = gbnf_rule_index(G, name, (size_t)(G->p - name));
+        if (i < 0) {
+            char m[200];
+            snprintf(m, sizeof m, "the rule '%.*s' is not defined", (int)(G->p - name > 100 ? 100 : G->p - name), name);
+            return gbnf_fail(G, m), from;
+        }
+        return call(b, from, gbnf_rule_start(G, i));
+    }
+    return gbnf_fail(G, "an unexpected character"), from;
+}
+
+/* A primary with its repetition (* + ? {m} {m,} {m,n}): the primary is parsed once to find
+ * its extent (into states nothing reaches), then emitted as many times as the count needs. */
+static int32_t gbnf_item(struct gbnf *G, int32_t from, int depth) {
+    struct builder *b = G->b;
+    const char *start = G->p;
+    (void)gbnf_primary(G, st_new(b), depth);
+    if (b->failed) return from;
+    long mn = 1, mx = 1;
+    const char *after = G->p;
+    if (G->p < G->end) {
+        char op = *G->p;
+        if (op == '*') mn = 0, mx = -1, after = G->p + 1;
+        else if (op == '+') mn = 1, mx = -1, after = G->p + 1;
+        else if (op == '?') mn = 0, mx = 1, after = G->p + 1;
+        else if (op == '{') {
+            char *q;
+            mn = strtol(G->p + 1, &q, 10);
+            if (q == G->p + 1 || mn < 0) return gbnf_fail(G, "a bad {m,n}"), from;
+            mx = mn;
+            if (*q == ',') {
+                q++;
+                mx = *q == '}' ? -1 : strtol(q, &q, 10);
+            }
+            if (*q != '}' || (mx >= 0 && mx < mn) || mn > 256 || mx > 256)
+                return gbnf_fail(G, "a bad {m,n} (counts up to 256)"), from;
+            after = q + 1;
+        }
+    }
+    int32_t cur = from;
+    for (long k = 0; k < mn && !b->failed; k++) {
+        G->p = start;
+        cur = gbnf_primary(G, cur, depth);
+    }
+    if (mx < 0) {
+        int32_t loop = st_new(b);
+        eps(b, cur, loop);
+        G->p = start;
+        eps(b, gbnf_primary(G, loop, depth), loop);
+        cur = loop;
+    } else if (mx > mn) {
+        int32_t out = st_new(b);
+        eps(b, cur, out);
+        for (long k = mn; k < mx && !b->failed; k++) {
+            G->p = start;
+            cur = gbnf_primary(G, cur, depth);
+            eps(b, cur, out);
+        }
+        cur = out;
+    }
+    G->p = after;
+    return cur;
+}
+
+static int32_t gbnf_seq(struct gbnf *G, int32_t from, int depth) {
+    for (;;) {
+        gbnf_ws(G, depth > 0);
+        if (G->p >= G->end || *G->p == '|' || *G->p == ')' || *G->p == '\n' || G->b->failed) return from;
+        /* the next rule's "name ::=" ends this one */
+        const char *q = G->p;
+        while (q < G->end && is_name(*q)) q++;
+        const char *r = q;
+        while (r < G->end && (*r == ' ' || *r == '\t')) r++;
+        if (q > G->p && G->end - r >= 3 && !memcmp(r, "::=", 3)) return from;
+        from = gbnf_item(G, from, depth);
+    }
+}
+
+static int32_t gbnf_alts(struct gbnf *G, int32_t from, int depth) {
+    if (depth > 64) return gbnf_fail(G, "groups nest deeper than 64"), from;
+    int32_t join = st_new(G->b);
+    for (;;) {
+        eps(G->b, gbnf_seq(G, from, depth), join);
+        gbnf_ws(G, depth > 0);
+        if (G->p < G->end && *G->p == '|' && !G->b->failed) {
+            G->p++;
+            continue;
+        }
+        return join;
+    }
+}
+
+static int32_t gbnf_rule_start(struct gbnf *G, int i) {
+    if (G->rules[i].start >= 0) return G->rules[i].start;
+    struct builder *b = G->b;
+    int32_t s = st_new(b);
+    G->rules[i].start = s;
+    const char *saved = G->p;
+    G->p = G->rules[i].body;
+    int32_t e = gbnf_alts(G, s, 0);
+    b->acc[e] = 1;
+    G->p = saved;
+    return s;
+}
+
+/* Compiles a GBNF text; returns the start state of its rule "root". */
+static int32_t gbnf_compile(struct builder *b, const char *text, size_t n) {
+    struct gbnf *G = xcalloc(1, sizeof *G);
+    G->b = b, G->src = G->p = text, G->end = text + n;
+    /* the rules: "name ::=" at the start of a line */
+    const char *line = text;
+    while (line < G->end) {
+        const char *q = line;
+        while (q < G->end && (*q == ' ' || *q == '\t')) q++;
+        const char *name = q;
+        while (q < G->end && is_name(*q)) q++;
+        const char *r = q;
+        while (r < G->end && (*r == ' ' || *r == '\t')) r++;
+        if (q > name && G->end - r >= 3 && !memcmp(r, "::=", 3)) {
+            if (gbnf_rule_index(G, name, (size_t)(q - name)) >= 0) {
+                G->p = name;
+                gbnf_fail(G, "a rule defined twice");
+                break;
+            }
+            if (G->n_rules == 512) {
+                G->p = name;
+                gbnf_fail(G, "more than 512 rules");
+                break;
+            }
+            G->rules[G->n_rules].name = name, G->rules[G->n_rules].len = (size_t)(q - name);
+            G->rules[G->n_rules].body = r + 3, G->rules[G->n_rules].start = -1;
+            G->n_rules++;
+        }
+        const char *nl = memchr(line, '\n', (size_t)(G->end - line));
+        line = nl ? nl + 1 : G->end;
+    }
+    int32_t root = 0;
+    if (!b->failed) {
+        int i = gbnf_rule_index(G, "root", 4);
+        if (i < 0) {
+            G->p = text;
+            gbnf_fail(G, "no rule 'root'");
+        } else {
+            root = gbnf_rule_start(G, i);
+        }
+    }
+    free(G);
+    return root;
+}
+
 /* ---- finishing: flatten, check, shortest lengths -------------------------------------- */
 
 static int rule_left_cycle(const struct grammar *g, const uint8_t *nullable, int32_t *bad) {
@@ -1247,7 +1634,7 @@ static struct grammar *finish(struct builder *b, int32_t start, int n_prelude) {
     free(nullable);
     if (cyc) {
         error_set(b->err, "the schema refers to itself without consuming input (a $ref cycle "
-                          "through $ref or anyOf alone)");
+                          "through $ref or anyOf alone, or a grammar rule that starts with itself)");
         grammar_unref(g);
         return NULL;
     }
@@ -1265,7 +1652,7 @@ struct grammar *grammar_compile(const struct grammar_spec *spec, struct error *e
         x = st_new(&b);
         eps(&b, root, x), eps(&b, n1, x), eps(&b, n2, x);
     }
-    int content = spec->schema || spec->json_object;
+    int content = spec->schema || spec->json_object || spec->gbnf;
     if (spec->tools && (spec->tools_required || spec->tool_name || json_array_size(spec->tools) > 0)) {
         if (!json_is_array(spec->tools)) {
             error_set(err, "tools: must be an array");
@@ -1283,7 +1670,8 @@ struct grammar *grammar_compile(const struct grammar_spec *spec, struct error *e
     if (content && !spec->tools_required && !spec->tool_name) {
         snprintf(b.path, sizeof b.path, "schema");
         b.root = spec->schema;
-        int32_t r = spec->schema ? schema_rule(&b, spec->schema, 0) : b.object;
+        int32_t r = spec->gbnf ? gbnf_compile(&b, spec->gbnf, strlen(spec->gbnf))
+                    : spec->schema ? schema_rule(&b, spec->schema, 0) : b.object;
         if (b.failed) goto fail;
         eps(&b, call(&b, x, r), end);
     } else if (!content && !(spec->tools && json_array_size(spec->tools) > 0)) {
@@ -1333,13 +1721,15 @@ struct sclass {
                           indexed like acc, or by token id with acc_bits */
     int max_d;         /* the largest of acc_d */
     int32_t *unc_tok; /* (n_unc,) context-dependent: token, and the bytes it consumed when */
-    uint16_t *unc_off; /* its path left the rule */
+    uint16_t *unc_off; /* its path left the rule; grouped by offset, in trie order within one */
+    uint16_t *unc_lcp; /* (so remainders come in sorted runs), each remainder's common prefix
+                          length with the one before */
     int n_unc;
 };
 
 static void sclass_free(struct sclass *c) {
     if (!c) return;
-    free(c->acc), free(c->acc_bits), free(c->acc_d), free(c->unc_tok), free(c->unc_off);
+    free(c->acc), free(c->acc_bits), free(c->acc_d), free(c->unc_tok), free(c->unc_off), free(c->unc_lcp);
     free(c);
 }
 
@@ -1652,7 +2042,7 @@ static int32_t intern(struct pda *p) {
             if (id < 0) break;
             const struct pset *s = &p->sets[id];
             if (s->hash == h && s->n == n && s->flags == p->oflags &&
-                !memcmp(p->pool + s->off, p->out, (size_t)n * sizeof *p->out))
+                (n == 0 || !memcmp(p->pool + s->off, p->out, (size_t)n * sizeof *p->out)))
                 return id;
         }
     } else { /* grow the intern table */
@@ -1671,7 +2061,7 @@ static int32_t intern(struct pda *p) {
         p->cap_pool = (p->n_pool + (size_t)n) * 2 + 1024;
         p->pool = xrealloc(p->pool, p->cap_pool * sizeof *p->pool);
     }
-    memcpy(p->pool + p->n_pool, p->out, (size_t)n * sizeof *p->out);
+    if (n) memcpy(p->pool + p->n_pool, p->out, (size_t)n * sizeof *p->out);
     if (p->n_sets == p->cap_sets) {
         p->cap_sets = p->cap_sets ? 2 * p->cap_sets : 256;
         p->sets = xrealloc(p->sets, (size_t)p->cap_sets * sizeof *p->sets);
@@ -1842,8 +2232,34 @@ static struct sclass *classify(const struct grammar *g, const struct grammar_voc
         for (int k = 0; k < c->n_acc; k++) c->acc_d[k] = (uint16_t)dl[k];
     }
     free(dl);
-    c->unc_tok = u.tok;
-    c->unc_off = u.off;
+    /* the uncertain entries grouped by offset (a stable counting sort: within one offset, trie
+     * order sorts the remainders of each popped prefix), so that run time walks a shared prefix
+     * of consecutive remainders once */
+    int *count = xcalloc((size_t)D + 2, sizeof *count);
+    for (int k = 0; k < u.n; k++) count[u.off[k] + 1]++;
+    for (int d = 1; d <= D + 1; d++) count[d] += count[d - 1];
+    c->unc_tok = xmalloc((size_t)(u.n ? u.n : 1) * sizeof *c->unc_tok);
+    c->unc_off = xmalloc((size_t)(u.n ? u.n : 1) * sizeof *c->unc_off);
+    c->unc_lcp = xmalloc((size_t)(u.n ? u.n : 1) * sizeof *c->unc_lcp);
+    for (int k = 0; k < u.n; k++) {
+        int at = count[u.off[k]]++;
+        c->unc_tok[at] = u.tok[k];
+        c->unc_off[at] = u.off[k];
+    }
+    free(count);
+    for (int k = 0; k < u.n; k++) {
+        uint16_t l = 0;
+        if (k > 0) {
+            const char *a = v->blob + v->off[c->unc_tok[k - 1]] + c->unc_off[k - 1];
+            const char *b = v->blob + v->off[c->unc_tok[k]] + c->unc_off[k];
+            int la = (int)(v->off[c->unc_tok[k - 1] + 1] - v->off[c->unc_tok[k - 1]]) - c->unc_off[k - 1];
+            int lb = (int)(v->off[c->unc_tok[k] + 1] - v->off[c->unc_tok[k]]) - c->unc_off[k];
+            while (l < la && l < lb && a[l] == b[l]) l++;
+        }
+        c->unc_lcp[k] = l;
+    }
+    free(u.tok);
+    free(u.off);
     c->n_unc = u.n;
     return c;
 }
@@ -1897,6 +2313,7 @@ struct grammar_matcher {
     int64_t cache_max[N_CACHE]; /* the mask's largest completion after a token (mask_normal) */
     int64_t *sdist;             /* (n_sdist,) set_dist by set id, -1 unknown */
     int n_sdist;
+    int32_t *unc_path;          /* (longest token + 1,) mask_normal's walk of remainders */
 };
 
 static void kmp_fail(const char *t, int n, int *f) {
@@ -1960,6 +2377,7 @@ struct grammar_matcher *grammar_matcher_new(struct grammar *g, const struct gram
     pda_init(&m->p, g);
     m->cur = set_of_node(&m->p, node_get(&m->p, g->start, NODE_ROOT));
     for (int i = 0; i < N_CACHE; i++) m->cache_set[i] = -1;
+    m->unc_path = xmalloc(((size_t)v->max_depth + 2) * sizeof *m->unc_path);
     if (free_until && *free_until) {
         m->trig_len = (int)strlen(free_until);
         CHECK(m->trig_len < 32);
@@ -1976,6 +2394,7 @@ void grammar_matcher_free(struct grammar_matcher *m) {
     pda_free(&m->p);
     for (int i = 0; i < N_CACHE; i++) free(m->cache_bits[i]);
     free(m->sdist);
+    free(m->unc_path);
     grammar_unref(m->g);
     free(m);
 }
@@ -2152,16 +2571,36 @@ static int mask_normal(struct grammar_matcher *m, uint64_t *bits, int64_t lim, i
         const struct sclass *c = get_class(m->g, v, p->nst[node]);
         int32_t par = p->npar[node];
         if (!c->n_unc || par == NODE_ROOT) continue;
-        int32_t ps = set_of_node(p, par);
+        /* the remainders in list order: path[d] is the set after the first d bytes of the
+         * current one (valid up to depth `valid`), and a prefix found dead (at dead_at) is not
+         * walked again by the entries that follow and share it */
+        int32_t *path = m->unc_path;
+        path[0] = set_of_node(p, par);
+        int valid = 0, dead_at = INT_MAX;
         for (int k = 0; k < c->n_unc; k++) {
-            int32_t t = c->unc_tok[k];
-            if (bits[t / 64] >> (t % 64) & 1) continue;
-            int off = c->unc_off[k];
-            int32_t r = advance(m, ps, v->blob + v->off[t] + off, (size_t)(tok_len(v, t) - off));
-            if (set_dead(p, r)) continue;
-            int64_t d = set_dist(m, r);
-            if (d > mx) mx = d;
-            if (d <= lim) bits[t / 64] |= 1ull << (t % 64);
+            const int32_t t = c->unc_tok[k];
+            const int l = c->unc_lcp[k];
+            if (l >= dead_at) continue; /* shares a dead prefix */
+            dead_at = INT_MAX;
+            if (bits[t / 64] >> (t % 64) & 1) { /* allowed already: skipped, its path unknown */
+                if (valid > l) valid = l;
+                continue;
+            }
+            const char *rem = v->blob + v->off[t] + c->unc_off[k];
+            const int rl = tok_len(v, t) - c->unc_off[k];
+            int d = l < valid ? l : valid;
+            for (; d < rl; d++) {
+                path[d + 1] = step(p, path[d], (uint8_t)rem[d]);
+                if (set_dead(p, path[d + 1])) {
+                    dead_at = d + 1;
+                    break;
+                }
+            }
+            valid = d < rl ? d + 1 : rl;
+            if (d < rl) continue;
+            int64_t dist = set_dist(m, path[rl]);
+            if (dist > mx) mx = dist;
+            if (dist <= lim) bits[t / 64] |= 1ull << (t % 64);
         }
     }
     if (p->sets[cur].flags & F_ACC) set_stops(v, bits);

@@ -23,6 +23,9 @@
  *     then, for each parameter in the schema's order, "<parameter=K>\nV\n</parameter>\n", then
  *     "</function>\n</tool_call>", several calls joined by "\n" when parallel. V is raw text for
  *     a string parameter (as chat_parse types it) and JSON for any other.
+ *   - Or a GBNF grammar (llama.cpp's format: rules "name ::= ...", literals with \n \t \xHH
+ *     \uHHHH escapes, [classes] and [^negated] over code points, groups, * + ? {m} {m,} {m,n},
+ *     '.' any character, # comments); its characters are written as UTF-8.
  * Budget: given the tokens left, a token is allowed only if the shortest completion after it
  * (in bytes: at worst one token each) and a stop token still fit, so the output closes its
  * structures in time: any budget of at least the shortest instance's bytes + 1 ends in a complete
@@ -60,6 +63,7 @@ int grammar_vocab_n_tokens(const struct grammar_vocab *v);
 struct grammar_spec {
     const json_t *schema;   /* JSON content following this schema, or NULL */
     int json_object;        /* JSON content: any object (response_format json_object) */
+    const char *gbnf;       /* content following a GBNF grammar (llama.cpp's; rule "root") */
     const json_t *tools;    /* OpenAI tools array: tool calls are allowed, or NULL */
     const char *tool_name;  /* only this function may be called, or NULL */
     int tools_required;     /* only tool calls (no content) */

@@ -1,7 +1,8 @@
 /* fuzz_schema.c - the grammar compiler (text/grammar.c) on arbitrary JSON schemas and tools,
  * and a walk of the matcher over what compiles. Byte 0: bit 0 the rest is an OpenAI tools array
  * (tool_choice "required", parallel) instead of a schema; bit 1 after_think (a "</think>"
- * prefix is fed first); bits 2-7 seed the walk. The rest: JSON text (non-JSON is skipped).
+ * prefix is fed first); bit 2 the rest is a GBNF grammar (text, NUL-free) instead; bits 3-7 seed
+ * the walk. The rest: JSON text (non-JSON is skipped) or the GBNF text.
  * Properties: a refusal has a message; a compiled grammar's masks are never empty before the
  * stop, every masked token is accepted, the budget holds (the walk ends with a stop token once
  * the shortest completion fits), and a schema walk's output parses as JSON. */
@@ -34,18 +35,29 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    const int tools_mode = data[0] & 1, think = (data[0] >> 1) & 1;
-    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(data[0] >> 2 | 1);
-    json_t *v = json_loadb((const char *)data + 1, size - 1, JSON_DECODE_ANY, NULL);
-    if (!v) return 0;
+    const int tools_mode = data[0] & 1, think = (data[0] >> 1) & 1, gbnf = (data[0] >> 2) & 1;
+    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(data[0] >> 3 | 1);
+    char *text = NULL;
+    json_t *v = NULL;
     struct grammar_spec sp = {.after_think = think};
-    if (tools_mode) sp.tools = v, sp.tools_required = 1, sp.parallel = 1;
-    else sp.schema = v;
+    if (gbnf) {
+        if (memchr(data + 1, 0, size - 1)) return 0;
+        text = malloc(size);
+        memcpy(text, data + 1, size - 1);
+        text[size - 1] = 0;
+        sp.gbnf = text;
+    } else {
+        v = json_loadb((const char *)data + 1, size - 1, JSON_DECODE_ANY, NULL);
+        if (!v) return 0;
+        if (tools_mode) sp.tools = v, sp.tools_required = 1, sp.parallel = 1;
+        else sp.schema = v;
+    }
     struct error err = {{0}};
     struct grammar *g = grammar_compile(&sp, &err);
     if (!g) {
         FUZZ_CHECK(err.msg[0], "a refusal without a message");
         json_decref(v);
+        free(text);
         return 0;
     }
     struct grammar_matcher *m = grammar_matcher_new(g, vocab, think ? "</think>" : NULL);
@@ -70,7 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         else strbuf_add(&out, tok[t], tok_len[t]);
     }
     if (shortest < 200) FUZZ_CHECK(stopped, "the budget %d did not hold: '%s'", budget, out.s);
-    if (stopped && !tools_mode) {
+    if (stopped && !tools_mode && !gbnf) {
         json_t *j = json_loads(out.s, JSON_DECODE_ANY, NULL);
         FUZZ_CHECK(j, "the output does not parse: '%s'", out.s);
         json_decref(j);
@@ -80,5 +92,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     grammar_matcher_free(m);
     grammar_unref(g);
     json_decref(v);
+    free(text);
     return 0;
 }

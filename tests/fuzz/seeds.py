@@ -63,4 +63,4 @@ with open("tests/fixtures/schemas/corpus.json", encoding="utf-8") as f:
 with open("tests/fixtures/schemas/bad.json", encoding="utf-8") as f:
     corpus += json.load(f)
 for i, c in enumerate(corpus):
-    put("fuzz_schema", "schema-%03d" % i, bytes([(i * 4) & 0xfc]) + json.dumps(c["schema"], ensure_ascii=False).encode())
+    put("fuzz_schema", "schema-%03d" % i, bytes([(i * 8) & 0xf8]) + json.dumps(c["schema"], ensure_ascii=False).encode())

@@ -7,7 +7,7 @@
 //     request ends with finish_reason "stop" within a max_tokens of the schema's shortest
 //     instance + 25 (the grammar closes structures in time for the budget);
 //   - json_object, tool_choice "required" / named with parallel_tool_calls false, unsupported
-//     schema features (400 naming the keyword), GBNF (400);
+//     schema features (400 naming the keyword), llama-server's GBNF grammar field;
 //   - n > 1 (distinct choices, reproducible by seed, streamed by index, each under the grammar);
 //   - logprobs + top_logprobs (chat, streamed and not) and the integer logprobs of /v1/completions;
 //   - the SDK helpers agents use: openai chat.completions.parse with zodResponseFormat, Vercel
@@ -264,8 +264,15 @@ try {
   {
     let r = await post("/v1/chat/completions", { model: "demo", messages: user("x"), response_format: { type: "json_schema", json_schema: { name: "d", schema: { type: "object", properties: { when: { type: "string", format: "date-time" } } } } } });
     expect(r.status === 400 && r.body.error.param === "response_format" && /properties\.when: 'format' is not supported/.test(r.body.error.message), `format: ${JSON.stringify(r.body)}`);
-    r = await post("/v1/chat/completions", { model: "demo", messages: user("x"), grammar: 'root ::= "a"' });
-    expect(r.status === 400 && r.body.error.param === "grammar" && /GBNF/.test(r.body.error.message), `grammar: ${JSON.stringify(r.body)}`);
+    r = await post("/v1/chat/completions", { model: "demo", messages: user("x"), grammar: 'root ::= "a" (' });
+    expect(r.status === 400 && r.body.error.param === "grammar" && /grammar: line 1/.test(r.body.error.message), `bad grammar: ${JSON.stringify(r.body)}`);
+    // llama-server's GBNF field, chat and completions
+    const gb = 'root ::= answer " " num\nanswer ::= "yes" | "no"\nnum ::= [1-9] [0-9]{0,2}';
+    r = await post("/v1/chat/completions", { model: "demo", messages: user("Yes or no?"), grammar: gb, max_tokens: 20, ...noThink });
+    expect(r.status === 200 && /^(yes|no) [1-9][0-9]{0,2}$/.test(r.body.choices[0].message.content) && r.body.choices[0].finish_reason === "stop",
+      `grammar (chat): ${JSON.stringify(r.body).slice(0, 400)}`);
+    r = await post("/v1/completions", { model: "demo", prompt: "Answer:", grammar: gb, max_tokens: 20 });
+    expect(r.status === 200 && /^(yes|no) [1-9][0-9]{0,2}$/.test(r.body.choices[0].text), `grammar (completions): ${JSON.stringify(r.body).slice(0, 400)}`);
     r = await post("/v1/chat/completions", { model: "demo", messages: user("x"), tools, tool_choice: { type: "function", function: { name: "nope" } } });
     expect(r.status === 400 && r.body.error.param === "tool_choice" && /nope/.test(r.body.error.message), `unknown named tool: ${JSON.stringify(r.body)}`);
   }
