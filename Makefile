@@ -77,7 +77,7 @@ ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-san
 ASAN_TESTS := build-asan/tests/test_loader
 # the include layers, the command line, and the server as real clients see it: the openai npm package and curl
 # (need scripts/install-deps.sh)
-CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/curl.sh
+CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/curl.sh tests/server/ollama.mjs
 test: $(BUILD)/strata $(TESTS) $(REPLAYS)
 	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(ASAN_TESTS) >/dev/null
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(REPLAYS) $(ASAN_TESTS) $(CLIENT_TESTS)

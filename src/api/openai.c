@@ -90,6 +90,7 @@ json_t *api_error_json(const struct api_error *e) {
     const char *msg = e->message;
     size_t ml = strnlen(e->message, sizeof e->message);
     if (utf8_validate(msg, ml, NULL) < 0) msg = quote_text(clean, sizeof clean, msg, ml, (size_t)-1, 0);
+    if (e->ollama) return json_pack("{s:s}", "error", msg);
     return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", msg, "type",
                      e->type ? e->type : "invalid_request_error", "param",
                      e->param[0] ? json_string(e->param) : json_null(), "code",
@@ -542,6 +543,7 @@ void api_job_free(struct job *j) {
     free(j->out.s);
     free(j->text.s);
     if (j->cs) chat_stream_free(j->cs);
+    if (j->proto && j->proto->free) j->proto->free(j->proto_state);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -562,6 +564,10 @@ static void frame_chat_start(struct job *j) {
 
 static void on_chat_delta(void *user, const struct chat_delta *d) {
     struct job *j = user;
+    if (j->proto) {
+        j->proto->delta(j, d);
+        return;
+    }
     switch (d->kind) {
     case CHAT_DELTA_CONTENT:
     case CHAT_DELTA_REASONING:
@@ -615,11 +621,13 @@ static int job_emit(void *user, const struct engine_event *ev) {
         size_t before = j->out.len;
         if (j->is_chat) {
             chat_stream_push(j->cs, ev->text, ev->len);
-            if (ev->id >= 0 && !j->sent_first) { /* the first event leaves with the first token */
+            if (ev->id >= 0 && !j->sent_first && !j->proto) { /* the first event leaves with the first token */
                 frame_chat_start(j);
                 strbuf_adds(&j->out, "\"content\":\"\"");
                 frame_end(j);
             }
+        } else if (j->proto) {
+            if (ev->len) j->proto->text(j, ev->text, ev->len);
         } else if (ev->len || (ev->id >= 0 && ev->n_generated == 1)) {
             frame_completion_text(j, ev->text, ev->len);
         }
@@ -681,6 +689,10 @@ void api_job_run(struct job *j, struct engine *eng) {
             chat_stream_finish(j->cs);
             truncated = chat_stream_truncated(j->cs);
         }
+        if (j->proto) {
+            j->proto->finish(j);
+            goto done;
+        }
         const int usage_tokens = j->res.n_generated;
         strbuf_adds(&j->out, j->chunk_head);
         if (j->is_chat) strbuf_adds(&j->out, "\"delta\":{},");
@@ -700,6 +712,7 @@ void api_job_run(struct job *j, struct engine *eng) {
         }
         strbuf_adds(&j->out, "data: [DONE]\n\n");
     }
+done:
     j->done = 1;
     flush_out(j);
     pthread_cond_broadcast(&j->cv);
@@ -711,7 +724,9 @@ void api_job_fail(struct job *j, int status, const char *msg) {
     j->failed = 1;
     j->fail_status = status;
     snprintf(j->fail_msg, sizeof j->fail_msg, "%s", msg);
-    if (j->stream) {
+    if (j->stream && j->proto) {
+        j->proto->fail(j, status, msg);
+    } else if (j->stream) {
         struct api_error e = {.status = status,
                               .type = status == 503 ? "unavailable_error" : "server_error"};
         snprintf(e.message, sizeof e.message, "%s", msg);
@@ -730,6 +745,7 @@ void api_job_fail(struct job *j, int status, const char *msg) {
 }
 
 json_t *api_job_response(struct job *j, int *status) {
+    if (j->proto) return j->proto->response(j, status);
     if (j->failed) {
         struct api_error e = {.status = j->fail_status,
                               .type = j->fail_status == 503 ? "unavailable_error" : "server_error"};

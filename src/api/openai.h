@@ -24,6 +24,7 @@ struct api_error {
     const char *code; /* NULL -> null */
     char param[64];   /* "" -> null */
     char message[512];
+    int ollama;       /* Ollama's shape instead: {"error":"message"} */
 };
 /* Never NULL: a message that is not valid UTF-8 (client bytes quoted raw, or cut inside a
  * character by a fixed-size buffer) has its bad bytes written as \xNN. */
@@ -35,6 +36,20 @@ json_t *api_error_json(const struct api_error *e);
 const char *api_quote(char *dst, size_t cap, const char *src, size_t n, size_t max_chars);
 
 struct server;
+struct job;
+
+/* Another protocol's framing of a job (ollama.c): a job whose proto is NULL speaks OpenAI's SSE
+ * and JSON. The stream callbacks run on the engine thread with j->mu held and append to j->out;
+ * response runs on the connection thread once the job is done; free releases proto_state. */
+struct api_proto {
+    const char *content_type; /* of a streamed response */
+    void (*delta)(struct job *j, const struct chat_delta *d);     /* chat: a parsed piece */
+    void (*text)(struct job *j, const char *text, size_t len);    /* completion: raw text */
+    void (*finish)(struct job *j);                          /* a stream ran to its end */
+    void (*fail)(struct job *j, int status, const char *msg); /* a stream's error event */
+    json_t *(*response)(struct job *j, int *status);        /* the non-streaming body */
+    void (*free)(void *state);
+};
 
 /* One generation request, shared by its connection thread and the engine thread (refs). */
 struct job {
@@ -74,6 +89,8 @@ struct job {
     int fd;                    /* the client's socket (peer-gone checks), -1 if none */
     int (*sink)(void *user, const char *frame, size_t n); /* in-process: frames go here */
     void *sink_user;
+    const struct api_proto *proto; /* NULL: OpenAI */
+    void *proto_state;
 };
 
 /* Parses and validates a /v1/chat/completions (is_chat) or /v1/completions body, renders and

@@ -179,7 +179,7 @@ int cmd_run(int argc, char **argv) {
             if (cli_int("run", a, v, 1, 4096, &opt.n_threads) < 0) return 2;
             i++;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: strata run [--model DIR] (--prompt TEXT [--chat] | --prompt-ids \"1 2 3\")\n"
+            printf("usage: strata run [[--model] DIR] (--prompt TEXT [--chat] | --prompt-ids \"1 2 3\")\n"
                    "                  [-n 32] [--temp T] [--seed S] [--ctx N] [--threads N]\n"
                    "                  [--backend cpu|cuda|auto]   (greedy unless --temp)\n");
             return 0;
@@ -189,6 +189,8 @@ int cmd_run(int argc, char **argv) {
                 return 2;
             }
             i++;
+        } else if (a[0] != '-' && !dir) {
+            dir = a; /* strata run DIR */
         } else {
             fprintf(stderr, "strata run: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -272,8 +274,9 @@ int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
+        else if (argv[i][0] != '-' && !dir) dir = argv[i]; /* strata info DIR */
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: strata info [--model DIR]   (config, parameters, weight bytes, KV cache "
+            printf("usage: strata info [[--model] DIR]   (config, parameters, weight bytes, KV cache "
                    "per token, DeltaNet state)\n");
             return 0;
         } else {
