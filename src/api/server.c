@@ -34,6 +34,7 @@
 #include "engine/cache.h"
 #include "engine/engine.h"
 #include "guard.h"
+#include "model/config.h"
 #include "ollama.h"
 #include "openai.h"
 #include "text/chat.h"
@@ -1046,6 +1047,7 @@ struct server *server_start(const struct server_options *o, struct error *err) {
         goto fail;
     }
 
+    if (config_check_dir(dir, err) != 0) goto fail; /* before the tokenizer's own error */
     const char *tdir = s->opt.tokenizer_dir ? s->opt.tokenizer_dir : dir;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", tdir);

@@ -103,6 +103,46 @@ static int run_emit(void *user, const struct engine_event *ev) {
     return 0;
 }
 
+/* --chat: the reply parsed as it streams (chat.h): the answer to stdout, the reasoning to stderr
+ * (dim on a terminal), so neither <think> tags nor the thinking end up in the answer. */
+struct run_chat {
+    struct chat_stream *cs;
+    int tty, in_reasoning;
+};
+
+static void run_chat_delta(void *user, const struct chat_delta *d) {
+    struct run_chat *rc = user;
+    const int reasoning = d->kind == CHAT_DELTA_REASONING;
+    if (rc->in_reasoning && !reasoning) {
+        fprintf(stderr, rc->tty ? "\033[0m\n" : "\n");
+        rc->in_reasoning = 0;
+    }
+    switch (d->kind) {
+    case CHAT_DELTA_REASONING:
+        if (!rc->in_reasoning) fprintf(stderr, rc->tty ? "\033[2mthinking: " : "thinking: ");
+        rc->in_reasoning = 1;
+        fwrite(d->text, 1, d->len, stderr);
+        fflush(stderr);
+        break;
+    case CHAT_DELTA_CONTENT:
+        fwrite(d->text, 1, d->len, stdout);
+        break;
+    case CHAT_DELTA_TOOL_START:
+        printf("[tool call %s] ", d->name);
+        break;
+    case CHAT_DELTA_TOOL_ARGS:
+        fwrite(d->text, 1, d->len, stdout);
+        break;
+    }
+    fflush(stdout);
+}
+
+static int run_chat_emit(void *user, const struct engine_event *ev) {
+    struct run_chat *rc = user;
+    if (ev->len) chat_stream_push(rc->cs, ev->text, ev->len);
+    return 0;
+}
+
 /* --prompt TEXT: tokenize (after rendering it as one user message with --chat), generate with
  * the engine (sampling, EOS, streaming detokenization), print text as it streams. */
 static int run_text(struct model *m, const char *dir, const char *prompt, int chat, int n_gen,
@@ -132,10 +172,23 @@ static int run_text(struct model *m, const char *dir, const char *prompt, int ch
     }
     if (tokenizer_encode(tok, text, strlen(text), &ids, &n_ids, &err) < 0) goto fail;
     e = engine_create(m, tok);
+    struct run_chat rchat = {.tty = isatty(2)};
     struct engine_request req = {.prompt = ids, .n_prompt = n_ids, .max_tokens = n_gen,
                                  .sampling = *sp, .emit = run_emit};
+    if (chat) {
+        rchat.cs = chat_stream_new(chat_prompt_opens_thinking(text), NULL, "call_", run_chat_delta,
+                                   &rchat);
+        req.emit = run_chat_emit;
+        req.user = &rchat;
+    }
     struct engine_result res;
-    if (engine_generate(e, &req, &res, &err) < 0) goto fail;
+    int gen_rc = engine_generate(e, &req, &res, &err);
+    if (rchat.cs) {
+        chat_stream_finish(rchat.cs);
+        chat_stream_free(rchat.cs);
+        if (rchat.in_reasoning) fprintf(stderr, rchat.tty ? "\033[0m\n" : "\n");
+    }
+    if (gen_rc < 0) goto fail;
     printf("\n");
     fprintf(stderr,
             "backend %s | prompt %d tokens, prefill %.2f ms (%.1f tok/s) | generated %d tokens, "
