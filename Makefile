@@ -55,6 +55,9 @@ $(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# the chat page is embedded by the assembler (.incbin) in page.o
+$(BUILD)/src/api/page.o build-fuzz/src/api/page.o: src/api/page.html
+
 $(BUILD)/%.o: %.cu $(HEADERS) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
@@ -77,7 +80,8 @@ ASAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-san
 ASAN_TESTS := build-asan/tests/test_loader
 # the include layers, the command line, and the server as real clients see it: the openai npm package and curl
 # (need scripts/install-deps.sh)
-CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/curl.sh tests/server/ollama.mjs
+CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/curl.sh tests/server/ollama.mjs \
+                tests/server/page.mjs tests/server/log.sh
 test: $(BUILD)/strata $(TESTS) $(REPLAYS)
 	@$(MAKE) --no-print-directory BUILD=build-asan NVCC= OPT="$(ASAN_OPT)" LDFLAGS="-fopenmp -fsanitize=address,undefined" $(ASAN_TESTS) >/dev/null
 	@BUILD=$(BUILD) bash tests/run.sh $(TESTS) $(REPLAYS) $(ASAN_TESTS) $(CLIENT_TESTS)

@@ -9,6 +9,8 @@ pkgs+=(clang libclang-rt-14-dev)
 # the server tests drive strata with the official openai npm client: Node.js + npm from Debian
 # unless a node is already installed
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
+# the chat page's test (tests/server/page.mjs) drives Debian's headless Chromium
+pkgs+=(chromium)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -19,7 +21,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# the openai npm package for tests/server (pinned by its package-lock.json)
-if [ ! -d "$(dirname "$0")/../tests/server/node_modules/openai" ]; then
+# the npm clients for tests/server: openai, ollama, playwright-core (pinned by package-lock.json)
+srv="$(dirname "$0")/../tests/server/node_modules"
+if [ ! -d "$srv/openai" ] || [ ! -d "$srv/ollama" ] || [ ! -d "$srv/playwright-core" ]; then
     npm ci --prefix "$(dirname "$0")/../tests/server" --no-audit --no-fund --loglevel=error
 fi

@@ -37,6 +37,7 @@
 #include "model/config.h"
 #include "ollama.h"
 #include "openai.h"
+#include "page.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 
@@ -58,6 +59,7 @@ enum route {
     ROUTE_OLLAMA_SHOW,
     ROUTE_OLLAMA_PS,
     ROUTE_OLLAMA_VERSION,
+    ROUTE_PAGE,
 };
 
 static const struct {
@@ -84,6 +86,7 @@ static const struct {
     {"/api/show", ROUTE_OLLAMA_SHOW, "POST", 0},
     {"/api/ps", ROUTE_OLLAMA_PS, "GET", 0},
     {"/api/version", ROUTE_OLLAMA_VERSION, "GET", 1},
+    {"/", ROUTE_PAGE, "GET", 1}, /* the chat page (page.html); its requests need the key */
 };
 
 static const double ttft_buckets_s[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -603,7 +606,9 @@ static void classify(struct server *s, struct MHD_Connection *c, struct conn *cn
     for (size_t i = 0; cn->route == ROUTE_NONE && i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(url, routes[i].path) != 0) continue;
         path_known = 1;
-        if (strcmp(method, routes[i].method) != 0) continue;
+        if (strcmp(method, routes[i].method) != 0 &&
+            !(!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET"))) /* MHD drops the body */
+            continue;
         cn->route = routes[i].route;
         is_public = routes[i].public;
         json_body = !strcmp(routes[i].method, "POST");
@@ -789,6 +794,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_OLLAMA_PS: {
         struct ollama_model om = ollama_model_of(s);
         return respond_json(s, c, 200, cn->route == ROUTE_OLLAMA_TAGS ? ollama_tags(&om) : ollama_ps(&om));
+    }
+    case ROUTE_PAGE: {
+        size_t n;
+        const char *html = page_html(&n);
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(n, (void *)html, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        /* its own origin only: no other site may frame it, it loads and calls nothing else */
+        MHD_add_response_header(r, "Content-Security-Policy",
+                                "default-src 'none'; script-src 'unsafe-inline'; style-src "
+                                "'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'");
+        MHD_add_response_header(r, "X-Frame-Options", "DENY");
+        MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+        add_cors(s, c, r);
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
     }
     case ROUTE_OLLAMA_VERSION:
         return respond_json(s, c, 200, ollama_version());
