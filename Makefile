@@ -55,6 +55,9 @@ $(BUILD)/%.o: %.c $(HEADERS) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# the chat page is embedded by the assembler (.incbin) in page.o
+$(BUILD)/src/api/page.o build-fuzz/src/api/page.o: src/api/page.html
+
 $(BUILD)/%.o: %.cu $(HEADERS) $(BUILD)/.config
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
@@ -81,6 +84,8 @@ ASAN_TESTS := build-asan/tests/test_loader
 CLIENT_TESTS := tests/layers.sh tests/cli.sh tests/server/test.mjs tests/server/grammar.mjs tests/server/curl.sh
 # OpenAI's Responses API with the openai package, Anthropic's Messages API with @anthropic-ai/sdk
 CLIENT_TESTS += tests/server/responses.mjs tests/server/anthropic.mjs
+# Ollama's native API with ollama-js, the chat page in headless Chromium, the access log and CORS
+CLIENT_TESTS += tests/server/ollama.mjs tests/server/page.mjs tests/server/log.sh
 # the agent CLIs (Claude Code, Codex) in a loopback-only network namespace
 CLIENT_TESTS += tests/agents/agents.sh
 test: $(BUILD)/strata $(TESTS) $(REPLAYS)

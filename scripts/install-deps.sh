@@ -11,6 +11,8 @@ pkgs+=(clang libclang-rt-14-dev)
 # the server tests drive strata with the official openai npm client: Node.js + npm from Debian
 # unless a node is already installed
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
+# the chat page's test (tests/server/page.mjs) drives Debian's headless Chromium
+pkgs+=(chromium)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -21,7 +23,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# the npm clients for tests/server (openai, @anthropic-ai/sdk, ...: pinned by its
+# the npm clients for tests/server (openai, @anthropic-ai/sdk, ollama, playwright-core, ...: pinned by its
 # package-lock.json), again when one that package.json names is missing
 srv="$(dirname "$0")/../tests/server"
 if ! (cd "$srv" && node -e 'const fs = require("fs"); for (const p of Object.keys(require("./package.json").dependencies))

@@ -66,6 +66,31 @@ done
 ok '! "$exe" serve --port abc 2>"$tmp/e" && grep -q -- "--port must be an integer from 0 to 65535" "$tmp/e"' "--port abc: an error, not a random port"
 ok '! "$exe" serve --ctx -5 2>"$tmp/e" && grep -q -- "--ctx must be an integer" "$tmp/e"' "--ctx -5: an error"
 ok '! "$exe" run --prompt hi -n x 2>"$tmp/e" && grep -q -- "-n must be an integer" "$tmp/e"' "run -n x: an error"
+
+# checkpoints strata does not read are named as such: GGUF (by magic or by name), a directory of
+# GGUF files, another architecture; a chat reply shows no raw </think>
+printf 'GGUF\003\000\000\000' >"$tmp/model.bin"
+: >"$tmp/empty.gguf"
+mkdir -p "$tmp/ggufdir" "$tmp/llama"
+printf 'GGUF' >"$tmp/ggufdir/Qwen3.5-4B-Q4_K_M.gguf"
+echo '{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":8}' >"$tmp/llama/config.json"
+echo '{"model_type":"mistral","hidden_size":8}' >"$tmp/mistral.json"; mkdir -p "$tmp/mistral"; mv "$tmp/mistral.json" "$tmp/mistral/config.json"
+"$exe" info "$tmp/model.bin" >/dev/null 2>"$tmp/g1"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "model.bin is a GGUF file: strata does not read GGUF" "$tmp/g1"' "info: GGUF by its magic"
+"$exe" run --model "$tmp/empty.gguf" --prompt-ids 1 >/dev/null 2>"$tmp/g2"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "empty.gguf is a GGUF file" "$tmp/g2"' "run: GGUF by its name"
+"$exe" serve "$tmp/ggufdir" --port 0 >/dev/null 2>"$tmp/g3"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "holds GGUF files (Qwen3.5-4B-Q4_K_M.gguf) and no config.json" "$tmp/g3"' "serve: a directory of GGUF files"
+"$exe" serve "$tmp/model.bin" --port 0 >/dev/null 2>"$tmp/g4"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "is a GGUF file" "$tmp/g4" && ! grep -q "cannot open" "$tmp/g4"' "serve: GGUF named before the tokenizer is looked for"
+"$exe" info "$tmp/llama" >/dev/null 2>"$tmp/g5"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "found \"LlamaForCausalLM\" (model_type \"llama\"): this is not a Qwen3.5 checkpoint" "$tmp/g5"' "another architecture named"
+"$exe" info "$tmp/mistral" >/dev/null 2>"$tmp/g6"; rc=$?
+ok '[ $rc -eq 1 ] && grep -q "model_type: expected .*found \"mistral\": this is not a Qwen3.5 checkpoint" "$tmp/g6"' "another model_type named"
+"$exe" run --prompt "Hello!" --chat -n 64 --backend cpu --threads 1 >"$tmp/c2" 2>"$tmp/c2e"
+ok '[ -s "$tmp/c2" ] && ! grep -q "think>" "$tmp/c2" "$tmp/c2e"' "run --chat: no raw </think>"
+"$exe" run --prompt "Hello!" --chat -n 3 --backend cpu --threads 1 >/dev/null 2>"$tmp/c3e"
+ok '! grep -q "think>" "$tmp/c3e"' "run --chat, cut inside the reasoning: no raw tag"
 rm -rf "$tmp"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

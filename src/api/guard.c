@@ -2,6 +2,7 @@
 #include "guard.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <string.h>
@@ -111,4 +112,18 @@ int guard_listen_is_loopback(const char *listen_host) {
         return all;
     }
     return is_loopback_name(h);
+}
+
+int guard_header_list_ok(const char *list) {
+    if (!list || !*list) return 0;
+    size_t n = 0;
+    int name = 0;
+    for (const char *p = list; *p; p++, n++) {
+        unsigned char ch = (unsigned char)*p;
+        if (n >= 2048) return 0;
+        if (ch == ',' || ch == ' ' || ch == '\t') continue;
+        if (!(isalnum(ch) || strchr("!#$%&'*+-.^_`|~", ch))) return 0;
+        name = 1;
+    }
+    return name;
 }

@@ -20,6 +20,10 @@ int guard_host_ok(const char *host, const char *const *names, int n_names);
 int guard_origin_ok(const char *origin, const char *host, const char *const *origins, int n_origins);
 /* 1 for "application/json" (any case, parameters allowed), else 0 (also for NULL). */
 int guard_json_type(const char *content_type);
+/* 1 for an Access-Control-Request-Headers value that may be echoed as Allow-Headers: a
+ * comma-separated list of header names (RFC 9110 token characters, spaces), 1 to 2048 bytes.
+ * 0 for NULL, empty or anything else (the caller answers with its default list). */
+int guard_header_list_ok(const char *list);
 /* 1 when a listen address (as given to --host) is reachable only from this machine. */
 int guard_listen_is_loopback(const char *listen_host);
 

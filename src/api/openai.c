@@ -91,6 +91,7 @@ json_t *api_error_json(const struct api_error *e) {
     const char *msg = e->message;
     size_t ml = strnlen(e->message, sizeof e->message);
     if (utf8_validate(msg, ml, NULL) < 0) msg = quote_text(clean, sizeof clean, msg, ml, (size_t)-1, 0);
+    if (e->ollama) return json_pack("{s:s}", "error", msg);
     return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", msg, "type",
                      e->type ? e->type : "invalid_request_error", "param",
                      e->param[0] ? json_string(e->param) : json_null(), "code",

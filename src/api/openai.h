@@ -24,6 +24,7 @@ struct api_error {
     const char *code; /* NULL -> null */
     char param[64];   /* "" -> null */
     char message[512];
+    int ollama;       /* Ollama's shape instead: {"error":"message"} */
 };
 /* Never NULL: a message that is not valid UTF-8 (client bytes quoted raw, or cut inside a
  * character by a fixed-size buffer) has its bad bytes written as \xNN. */

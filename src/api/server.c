@@ -35,7 +35,10 @@
 #include "engine/cache.h"
 #include "engine/engine.h"
 #include "guard.h"
+#include "model/config.h"
+#include "ollama.h"
 #include "openai.h"
+#include "page.h"
 #include "responses.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -55,6 +58,13 @@ enum route {
     ROUTE_RESPONSES,          /* OpenAI's Responses API (responses.c) */
     ROUTE_MESSAGES,           /* Anthropic's Messages API (anthropic.c) */
     ROUTE_MESSAGES_COUNT,     /* its count_tokens */
+    ROUTE_OLLAMA_CHAT,
+    ROUTE_OLLAMA_GENERATE,
+    ROUTE_OLLAMA_TAGS,
+    ROUTE_OLLAMA_SHOW,
+    ROUTE_OLLAMA_PS,
+    ROUTE_OLLAMA_VERSION,
+    ROUTE_PAGE,
 };
 
 static const struct {
@@ -79,6 +89,13 @@ static const struct {
     {"/responses", ROUTE_RESPONSES, "POST", 0},
     {"/v1/messages", ROUTE_MESSAGES, "POST", 0},
     {"/v1/messages/count_tokens", ROUTE_MESSAGES_COUNT, "POST", 0},
+    {"/api/chat", ROUTE_OLLAMA_CHAT, "POST", 0}, /* Ollama's native API (ollama.c) */
+    {"/api/generate", ROUTE_OLLAMA_GENERATE, "POST", 0},
+    {"/api/tags", ROUTE_OLLAMA_TAGS, "GET", 0},
+    {"/api/show", ROUTE_OLLAMA_SHOW, "POST", 0},
+    {"/api/ps", ROUTE_OLLAMA_PS, "GET", 0},
+    {"/api/version", ROUTE_OLLAMA_VERSION, "GET", 1},
+    {"/", ROUTE_PAGE, "GET", 1}, /* the chat page (page.html); its requests need the key */
 };
 
 static const double ttft_buckets_s[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -136,6 +153,11 @@ struct conn {
     struct strbuf body;
     int too_large;
     int fd;
+    int ollama;       /* an /api/ route: errors in Ollama's shape */
+    /* the access log line (on_completed) */
+    double t0;        /* now_ms() at the headers */
+    char method[24], url[160]; /* quoted (client bytes) */
+    struct job *job;  /* a generation's job (a reference), for its counts */
 };
 
 /* ---- jobs ----------------------------------------------------------------------------- */
@@ -366,19 +388,34 @@ static void sse_free(void *cls) {
 }
 
 /* Runs a generation request: stream (SSE response that the engine feeds) or wait for the end. */
+static struct ollama_model ollama_model_of(struct server *s) {
+    return (struct ollama_model){s->model_name, s->opt.model_dir, s->opt.tokenizer_dir, s->model,
+                                 s->created};
+}
+
 static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection *c,
                                         struct conn *cn) {
     struct api_error e = {0};
     struct job *j;
-    if (cn->route == ROUTE_RESPONSES)
+    if (cn->route == ROUTE_RESPONSES) {
         j = responses_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->body.s, cn->body.len,
                               &s->rng, &s->mu, s->opt.allow_forced_output, &e);
-    else if (cn->route == ROUTE_MESSAGES)
+    } else if (cn->route == ROUTE_MESSAGES) {
         j = anthropic_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->body.s, cn->body.len,
                               &s->rng, &s->mu, s->opt.allow_forced_output, &e);
-    else
+    } else if (cn->route == ROUTE_OLLAMA_CHAT || cn->route == ROUTE_OLLAMA_GENERATE) {
+        struct ollama_model om = ollama_model_of(s);
+        json_t *now = NULL;
+        char note[256];
+        j = ollama_job_new(&om, s->tok, &s->tmpl, cn->route == ROUTE_OLLAMA_GENERATE, cn->body.s,
+                           cn->body.len, &s->rng, &s->mu, s->opt.allow_forced_output, &now, note,
+                           sizeof note, &e);
+        if (note[0]) server_logf(s, "%s\n", note);
+        if (!j && now) return respond_json(s, c, 200, now);
+    } else {
         j = api_job_new(s->model, s->tok, &s->tmpl, s->model_name, cn->route == ROUTE_CHAT,
                         cn->body.s, cn->body.len, &s->rng, &s->mu, s->opt.allow_forced_output, &e);
+    }
     if (!j) return respond_route_error(s, c, cn->route, &e, 0);
     j->server = s;
     j->stopping = &s->stopping;
@@ -386,7 +423,7 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
     j->t_enqueue = now_ms();
     if (enqueue(s, j) != 0) {
         api_job_free(j);
-        struct api_error busy = {.status = 503, .type = "unavailable_error"};
+        struct api_error busy = {.status = 503, .type = "unavailable_error", .ollama = cn->ollama};
         snprintf(busy.message, sizeof busy.message,
                  atomic_load(&s->stopping) ? "the server is shutting down"
                                            : "the request queue is full; retry later");
@@ -395,6 +432,10 @@ static enum MHD_Result serve_generation(struct server *s, struct MHD_Connection 
     /* from here the connection lives as long as the generation: no header/body deadline, and
      * MHD's inactivity timeout is the stream's (a queued request may wait long for a token) */
     if (s->conns) conns_request_generating(s->conns, c);
+    pthread_mutex_lock(&j->mu);
+    j->refs++; /* the access log's, released in on_completed */
+    pthread_mutex_unlock(&j->mu);
+    cn->job = j;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->opt.stream_timeout_s);
     if (j->stream) {
         pthread_mutex_lock(&s->mu);
@@ -582,6 +623,7 @@ static void refuse(struct conn *cn, int status, const char *type, const char *co
 static void classify(struct server *s, struct MHD_Connection *c, struct conn *cn, const char *url,
                      const char *method) {
     int path_known = 0, is_public = 0, json_body = 0;
+    cn->ollama = !strncmp(url, "/api/", 5);
     if (!strcmp(method, "OPTIONS")) { /* CORS preflight from browser clients */
         for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
             if (!strcmp(url, routes[i].path)) cn->route = ROUTE_OPTIONS;
@@ -590,7 +632,9 @@ static void classify(struct server *s, struct MHD_Connection *c, struct conn *cn
     for (size_t i = 0; cn->route == ROUTE_NONE && i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(url, routes[i].path) != 0) continue;
         path_known = 1;
-        if (strcmp(method, routes[i].method) != 0) continue;
+        if (strcmp(method, routes[i].method) != 0 &&
+            !(!strcmp(method, "HEAD") && !strcmp(routes[i].method, "GET"))) /* MHD drops the body */
+            continue;
         cn->route = routes[i].route;
         is_public = routes[i].public;
         json_body = !strcmp(routes[i].method, "POST");
@@ -599,6 +643,12 @@ static void classify(struct server *s, struct MHD_Connection *c, struct conn *cn
         (!strncmp(url, "/v1/models/", 11) || !strncmp(url, "/models/", 8))) {
         path_known = 1;
         if (!strcmp(method, "GET")) cn->route = ROUTE_MODEL;
+    }
+    if (cn->route == ROUTE_NONE && cn->ollama && !path_known) {
+        struct api_error e = {0};
+        ollama_unsupported(url, &e);
+        refuse(cn, e.status, NULL, NULL, "%s", e.message);
+        return;
     }
     if (cn->route == ROUTE_NONE) {
         char qm[64], qu[160];
@@ -683,15 +733,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_lock(&s->mu);
         s->met.requests++;
         pthread_mutex_unlock(&s->mu);
+        cn->t0 = now_ms();
+        api_quote(cn->method, sizeof cn->method, method, strlen(method), 16);
+        api_quote(cn->url, sizeof cn->url, url, strlen(url), 120);
         classify(s, c, cn, url, method);
         if (cn->status && cn->close_after) { /* answer now; the body is not read */
-            struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code};
+            struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code,
+                                  .ollama = cn->ollama};
             snprintf(e.message, sizeof e.message, "%s", cn->err_msg);
             return respond_route_error(s, c, cn->route, &e, 1);
         }
         if (cn->too_large && !cn->status) {
             /* answer before reading a body we will not accept */
-            struct api_error e = {.status = 413, .type = "invalid_request_error"};
+            struct api_error e = {.status = 413, .type = "invalid_request_error", .ollama = cn->ollama};
             snprintf(e.message, sizeof e.message, "request body exceeds the limit of %zu bytes",
                      s->opt.max_body_bytes);
             return respond_route_error(s, c, cn->route, &e, 1);
@@ -712,12 +766,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (cn->status) {
-        struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code};
+        struct api_error e = {.status = cn->status, .type = cn->err_type, .code = cn->err_code,
+                              .ollama = cn->ollama};
         snprintf(e.message, sizeof e.message, "%s", cn->err_msg);
         return respond_route_error(s, c, cn->route, &e, 0);
     }
     if (cn->too_large) {
-        struct api_error e = {.status = 413, .type = "invalid_request_error"};
+        struct api_error e = {.status = 413, .type = "invalid_request_error", .ollama = cn->ollama};
         snprintf(e.message, sizeof e.message, "request body exceeds the limit of %zu bytes",
                  s->opt.max_body_bytes);
         return respond_route_error(s, c, cn->route, &e, 0);
@@ -765,13 +820,53 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_COMPLETIONS:
     case ROUTE_RESPONSES:
     case ROUTE_MESSAGES:
+    case ROUTE_OLLAMA_CHAT:
+    case ROUTE_OLLAMA_GENERATE:
         return serve_generation(s, c, cn);
+    case ROUTE_OLLAMA_TAGS:
+    case ROUTE_OLLAMA_PS: {
+        struct ollama_model om = ollama_model_of(s);
+        return respond_json(s, c, 200, cn->route == ROUTE_OLLAMA_TAGS ? ollama_tags(&om) : ollama_ps(&om));
+    }
+    case ROUTE_PAGE: {
+        size_t n;
+        const char *html = page_html(&n);
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(n, (void *)html, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        /* its own origin only: no other site may frame it, it loads and calls nothing else */
+        MHD_add_response_header(r, "Content-Security-Policy",
+                                "default-src 'none'; script-src 'unsafe-inline'; style-src "
+                                "'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'");
+        MHD_add_response_header(r, "X-Frame-Options", "DENY");
+        MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+        add_cors(s, c, r);
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    case ROUTE_OLLAMA_VERSION:
+        return respond_json(s, c, 200, ollama_version());
+    case ROUTE_OLLAMA_SHOW: {
+        struct ollama_model om = ollama_model_of(s);
+        struct api_error e = {0};
+        json_t *r = ollama_show(&om, cn->body.s, cn->body.len, &e);
+        return r ? respond_json(s, c, 200, r) : respond_error(s, c, &e);
+    }
     case ROUTE_OPTIONS: {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         add_cors(s, c, r);
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        /* the origin is an allowed one (classify refused the rest): admit the headers its
+         * browser asks for (SDKs add their own, such as the openai SDK's x-stainless-*) */
+        const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                       "Access-Control-Request-Headers");
         MHD_add_response_header(r, "Access-Control-Allow-Headers",
-                                "Authorization, Content-Type, X-Api-Key");
+                                guard_header_list_ok(want) ? want
+                                                           : "Authorization, Content-Type, X-Api-Key");
+        MHD_add_response_header(r, "Vary", "Access-Control-Request-Headers");
         MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
         enum MHD_Result ret = MHD_queue_response(c, 204, r);
         MHD_destroy_response(r);
@@ -783,25 +878,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return MHD_NO;
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                         enum MHD_RequestTerminationCode toe) {
-    struct server *s = cls;
-    struct conn *cn = *con_cls;
-    (void)toe;
-    if (s->conns) conns_request_done(s->conns, c);
-    if (!cn) return;
-    free(cn->body.s);
-    free(cn);
-    *con_cls = NULL;
+/* ---- the log ------------------------------------------------------------------------- */
+
+/* Log lines go to stderr whole (one write under log_mu), as text ("strata serve: ...") or, with
+ * --log-format json, one JSON object per line. The server's own lines are rate-limited: a
+ * burst of LOG_BURST, then one a second; what is dropped is counted and reported with the next
+ * line let through (a flood of bad clients must not turn into a flood of log). Access lines
+ * are rate-limited the same way when their status is a 4xx (a client's fault, which a hostile
+ * client repeats at will); every other request gets its line. */
+#define LOG_BURST 20
+
+static void utc_now(char *buf, size_t cap) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char day[32];
+    strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, cap, "%.20s.%03dZ", day, (int)(ts.tv_nsec / 1000000));
 }
 
-/* Log lines, rate-limited: a burst of LOG_BURST, then one a second; what is dropped is
- * counted and reported with the next line let through (a flood of bad clients must not turn
- * into a flood of log). */
-#define LOG_BURST 20
-static void server_vlog(struct server *s, const char *fmt, va_list ap) {
-    if (s->opt.quiet) return;
-    pthread_mutex_lock(&s->log_mu);
+/* log_mu held: 1 when a limited line may be written now. */
+static int log_take(struct server *s) {
     double now = now_ms();
     if (now - s->log_t >= 1000) {
         s->log_tokens += (int)((now - s->log_t) / 1000);
@@ -810,15 +908,143 @@ static void server_vlog(struct server *s, const char *fmt, va_list ap) {
     }
     if (s->log_tokens <= 0) {
         s->log_dropped++;
-        pthread_mutex_unlock(&s->log_mu);
-        return;
+        return 0;
     }
     s->log_tokens--;
-    if (s->log_dropped) fprintf(stderr, "strata serve: (%lu log lines dropped)\n", s->log_dropped);
-    s->log_dropped = 0;
-    fprintf(stderr, "strata serve: ");
-    vfprintf(stderr, fmt, ap);
+    return 1;
+}
+
+/* log_mu held. text: the line after "strata serve: " (no newline); json: the object's fields
+ * after {"time":...,  ending without "}" (NULL: {"msg": text}). */
+static void log_write(struct server *s, const char *text, const char *json) {
+    struct strbuf b = {0};
+    char t[64];
+    if (s->log_dropped) {
+        if (s->opt.log_json) {
+            utc_now(t, sizeof t);
+            strbuf_printf(&b, "{\"time\":\"%s\",\"level\":\"warn\",\"msg\":\"%lu log lines dropped\"}\n", t,
+                          s->log_dropped);
+        } else {
+            strbuf_printf(&b, "strata serve: (%lu log lines dropped)\n", s->log_dropped);
+        }
+        s->log_dropped = 0;
+    }
+    if (s->opt.log_json) {
+        utc_now(t, sizeof t);
+        strbuf_printf(&b, "{\"time\":\"%s\",", t);
+        if (json) {
+            strbuf_adds(&b, json);
+        } else {
+            char q[1200];
+            size_t n = strlen(text);
+            while (n && text[n - 1] == '\n') n--;
+            api_quote(q, sizeof q, text, n, 1000);
+            strbuf_adds(&b, "\"level\":\"info\",\"msg\":");
+            sbuf_json_str(&b, q, strlen(q));
+        }
+        strbuf_adds(&b, "}\n");
+    } else {
+        strbuf_adds(&b, "strata serve: ");
+        strbuf_adds(&b, text);
+        if (!b.len || b.s[b.len - 1] != '\n') strbuf_adds(&b, "\n");
+    }
+    fwrite(b.s, 1, b.len, stderr);
+    fflush(stderr);
+    free(b.s);
+}
+
+static void server_vlog(struct server *s, const char *fmt, va_list ap) {
+    if (s->opt.quiet) return;
+    char line[1024];
+    vsnprintf(line, sizeof line, fmt, ap);
+    pthread_mutex_lock(&s->log_mu);
+    if (log_take(s)) log_write(s, line, NULL);
     pthread_mutex_unlock(&s->log_mu);
+}
+
+void server_logf(struct server *s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    server_vlog(s, fmt, ap);
+    va_end(ap);
+}
+
+/* One line per request: method, route, status, and for a generation the prompt, cached and
+ * generated tokens, the time to the first token, the decode speed and how it ended. */
+static void access_log(struct server *s, struct MHD_Connection *c, struct conn *cn,
+                       enum MHD_RequestTerminationCode toe) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+    const int status = ci ? (int)ci->http_status : 0; /* 0: no response was queued */
+    const double ms = now_ms() - cn->t0;
+    int have_gen = 0, prompt = 0, cached = 0, generated = 0;
+    double ttft = -1, tps = 0;
+    const char *end = NULL;
+    if (cn->job) {
+        struct job *j = cn->job;
+        pthread_mutex_lock(&j->mu);
+        if (j->done && !j->failed) {
+            have_gen = 1;
+            prompt = j->res.n_prompt;
+            cached = j->res.timings.cache_n;
+            generated = j->res.n_generated;
+            tps = j->res.timings.predicted_per_second;
+            if (j->t_first > 0) ttft = j->t_first - j->t_enqueue;
+            end = j->res.finish == ENGINE_FINISH_CANCELLED ? "cancelled"
+                                                           : engine_finish_name(j->res.finish);
+        } else if (!j->done) {
+            end = "client gone";
+        } else {
+            end = "failed";
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (!end && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) end = "connection closed";
+    struct strbuf b = {0};
+    if (s->opt.log_json) {
+        strbuf_adds(&b, "\"level\":\"info\",\"event\":\"request\",\"method\":");
+        sbuf_json_str(&b, cn->method, strlen(cn->method));
+        strbuf_adds(&b, ",\"route\":");
+        sbuf_json_str(&b, cn->url, strlen(cn->url));
+        strbuf_printf(&b, ",\"status\":%d", status);
+        if (have_gen) {
+            strbuf_printf(&b, ",\"prompt_tokens\":%d,\"cached_tokens\":%d,\"generated_tokens\":%d",
+                          prompt, cached, generated);
+            if (ttft >= 0) strbuf_printf(&b, ",\"ttft_ms\":%.1f", ttft);
+            strbuf_printf(&b, ",\"tokens_per_second\":%.1f", tps);
+        }
+        if (end) {
+            strbuf_adds(&b, ",\"end\":");
+            sbuf_json_str(&b, end, strlen(end));
+        }
+        strbuf_printf(&b, ",\"duration_ms\":%.1f", ms);
+    } else {
+        strbuf_printf(&b, "%s %s %d", cn->method, cn->url, status);
+        if (have_gen) {
+            strbuf_printf(&b, " prompt=%d cached=%d generated=%d", prompt, cached, generated);
+            if (ttft >= 0) strbuf_printf(&b, " ttft_ms=%.1f", ttft);
+            strbuf_printf(&b, " tok/s=%.1f", tps);
+        }
+        if (end) strbuf_printf(&b, " end=%s", end);
+        strbuf_printf(&b, " ms=%.1f", ms);
+    }
+    pthread_mutex_lock(&s->log_mu);
+    if ((status < 400 || status >= 500) || log_take(s))
+        log_write(s, s->opt.log_json ? NULL : b.s, s->opt.log_json ? b.s : NULL);
+    pthread_mutex_unlock(&s->log_mu);
+    free(b.s);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    struct server *s = cls;
+    struct conn *cn = *con_cls;
+    if (s->conns) conns_request_done(s->conns, c);
+    if (!cn) return;
+    if (!s->opt.quiet) access_log(s, c, cn, toe);
+    if (cn->job) job_release(cn->job);
+    free(cn->body.s);
+    free(cn);
+    *con_cls = NULL;
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) { server_vlog(cls, fmt, ap); }
@@ -878,13 +1104,14 @@ struct server *server_start(const struct server_options *o, struct error *err) {
         goto fail;
     }
 
+    if (config_check_dir(dir, err) != 0) goto fail; /* before the tokenizer's own error */
     const char *tdir = s->opt.tokenizer_dir ? s->opt.tokenizer_dir : dir;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", tdir);
     s->tok = tokenizer_load(path, err);
     if (!s->tok) goto fail;
     if (chat_template_load(&s->tmpl, tdir, err) != 0) goto fail;
-    if (!s->opt.quiet) fprintf(stderr, "strata serve: loading %s\n", dir);
+    server_logf(s, "loading %s\n", dir);
     s->model = model_load(dir, &s->opt.model, err);
     if (!s->model) goto fail;
     s->engine = engine_create(s->model, s->tok);
@@ -905,9 +1132,8 @@ struct server *server_start(const struct server_options *o, struct error *err) {
     if (!s->opt.no_prefix_reuse) {
         engine_set_cache(s->engine, s->opt.cache_bytes);
         engine_cache_stats(s->engine, &s->met.cache);
-        if (!s->opt.quiet)
-            fprintf(stderr, "strata serve: prefix cache of %.2f GiB: %d sequences, %d checkpoints\n",
-                    s->met.cache.budget_bytes / 1073741824.0, s->met.cache.n_seqs, s->met.cache.n_ckpts);
+        server_logf(s, "prefix cache of %.2f GiB: %d sequences, %d checkpoints\n",
+                   s->met.cache.budget_bytes / 1073741824.0, s->met.cache.n_seqs, s->met.cache.n_ckpts);
     }
     if (s->opt.no_http) return s;
 

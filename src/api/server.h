@@ -31,6 +31,7 @@ struct server_options {
     int queue_max;          /* requests waiting for the engine; default 64 */
     size_t max_body_bytes;  /* default 8 MiB */
     int quiet;              /* no log lines */
+    int log_json;           /* log lines as JSON objects, one a line (--log-format json) */
     int no_prefix_reuse;    /* every request prefills its whole prompt (see engine.h) */
     size_t cache_bytes;     /* the prefix cache's budget; 0: half the device memory left free */
     int allow_forced_output; /* accept "strata_forced_output" (tests only) */
@@ -57,6 +58,8 @@ struct server *server_start(const struct server_options *o, struct error *err);
 int server_port(const struct server *s);
 const char *server_model_name(const struct server *s);
 struct model *server_model(struct server *s);
+/* A line in the server's log (text or JSON as the options say; rate-limited; none when quiet). */
+void server_logf(struct server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Cancels running and queued requests, closes every connection, frees everything. */
 void server_stop(struct server *s);
 

@@ -103,6 +103,46 @@ static int run_emit(void *user, const struct engine_event *ev) {
     return 0;
 }
 
+/* --chat: the reply parsed as it streams (chat.h): the answer to stdout, the reasoning to stderr
+ * (dim on a terminal), so neither <think> tags nor the thinking end up in the answer. */
+struct run_chat {
+    struct chat_stream *cs;
+    int tty, in_reasoning;
+};
+
+static void run_chat_delta(void *user, const struct chat_delta *d) {
+    struct run_chat *rc = user;
+    const int reasoning = d->kind == CHAT_DELTA_REASONING;
+    if (rc->in_reasoning && !reasoning) {
+        fprintf(stderr, rc->tty ? "\033[0m\n" : "\n");
+        rc->in_reasoning = 0;
+    }
+    switch (d->kind) {
+    case CHAT_DELTA_REASONING:
+        if (!rc->in_reasoning) fprintf(stderr, rc->tty ? "\033[2mthinking: " : "thinking: ");
+        rc->in_reasoning = 1;
+        fwrite(d->text, 1, d->len, stderr);
+        fflush(stderr);
+        break;
+    case CHAT_DELTA_CONTENT:
+        fwrite(d->text, 1, d->len, stdout);
+        break;
+    case CHAT_DELTA_TOOL_START:
+        printf("[tool call %s] ", d->name);
+        break;
+    case CHAT_DELTA_TOOL_ARGS:
+        fwrite(d->text, 1, d->len, stdout);
+        break;
+    }
+    fflush(stdout);
+}
+
+static int run_chat_emit(void *user, const struct engine_event *ev) {
+    struct run_chat *rc = user;
+    if (ev->len) chat_stream_push(rc->cs, ev->text, ev->len);
+    return 0;
+}
+
 /* --prompt TEXT: tokenize (after rendering it as one user message with --chat), generate with
  * the engine (sampling, EOS, streaming detokenization), print text as it streams. */
 static int run_text(struct model *m, const char *dir, const char *prompt, int chat, int n_gen,
@@ -132,10 +172,23 @@ static int run_text(struct model *m, const char *dir, const char *prompt, int ch
     }
     if (tokenizer_encode(tok, text, strlen(text), &ids, &n_ids, &err) < 0) goto fail;
     e = engine_create(m, tok);
+    struct run_chat rchat = {.tty = isatty(2)};
     struct engine_request req = {.prompt = ids, .n_prompt = n_ids, .max_tokens = n_gen,
                                  .sampling = *sp, .emit = run_emit};
+    if (chat) {
+        rchat.cs = chat_stream_new(chat_prompt_opens_thinking(text), NULL, "call_", run_chat_delta,
+                                   &rchat);
+        req.emit = run_chat_emit;
+        req.user = &rchat;
+    }
     struct engine_result res;
-    if (engine_generate(e, &req, &res, &err) < 0) goto fail;
+    int gen_rc = engine_generate(e, &req, &res, &err);
+    if (rchat.cs) {
+        chat_stream_finish(rchat.cs);
+        chat_stream_free(rchat.cs);
+        if (rchat.in_reasoning) fprintf(stderr, rchat.tty ? "\033[0m\n" : "\n");
+    }
+    if (gen_rc < 0) goto fail;
     printf("\n");
     fprintf(stderr,
             "backend %s | prompt %d tokens, prefill %.2f ms (%.1f tok/s) | generated %d tokens, "
@@ -179,7 +232,7 @@ int cmd_run(int argc, char **argv) {
             if (cli_int("run", a, v, 1, 4096, &opt.n_threads) < 0) return 2;
             i++;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: strata run [--model DIR] (--prompt TEXT [--chat] | --prompt-ids \"1 2 3\")\n"
+            printf("usage: strata run [[--model] DIR] (--prompt TEXT [--chat] | --prompt-ids \"1 2 3\")\n"
                    "                  [-n 32] [--temp T] [--seed S] [--ctx N] [--threads N]\n"
                    "                  [--backend cpu|cuda|auto]   (greedy unless --temp)\n");
             return 0;
@@ -189,6 +242,8 @@ int cmd_run(int argc, char **argv) {
                 return 2;
             }
             i++;
+        } else if (a[0] != '-' && !dir) {
+            dir = a; /* strata run DIR */
         } else {
             fprintf(stderr, "strata run: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -272,8 +327,9 @@ int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
+        else if (argv[i][0] != '-' && !dir) dir = argv[i]; /* strata info DIR */
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: strata info [--model DIR]   (config, parameters, weight bytes, KV cache "
+            printf("usage: strata info [[--model] DIR]   (config, parameters, weight bytes, KV cache "
                    "per token, DeltaNet state)\n");
             return 0;
         } else {

@@ -34,10 +34,11 @@ static int parse_size(const char *v, size_t *out) {
 }
 
 static void serve_usage(FILE *f) {
-    fprintf(f, "usage: strata serve [--model DIR] [--host 127.0.0.1] [--port 8080] [--ctx N]\n"
+    fprintf(f, "usage: strata serve [[--model] DIR] [--host 127.0.0.1] [--port 8080] [--ctx N]\n"
                "                    [--api-key-file PATH | --api-key KEY] (or STRATA_API_KEY)\n"
                "                    [--backend cpu|cuda|auto] [--threads N]\n"
                "                    [--alias NAME] [--queue N] [--max-body BYTES] [--quiet]\n"
+               "                    [--log-format text|json]  (a line per request on stderr)\n"
                "                    [--no-prefix-cache] [--cache-mem SIZE]  (bytes, or 512M, 8G: the\n"
                "                    prefix cache's memory; default half the device memory left)\n"
                "                    [--cors-origin ORIGIN]... [--allowed-host NAME]...\n"
@@ -107,6 +108,14 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--body-timeout") && v) bad = cli_int("serve", a, v, 1, 86400, &o.body_timeout_s), i++;
         else if (!strcmp(a, "--stream-timeout") && v) bad = cli_int("serve", a, v, 1, 86400, &o.stream_timeout_s), i++;
         else if (!strcmp(a, "--quiet")) o.quiet = 1;
+        else if (!strcmp(a, "--log-format") && v) {
+            if (strcmp(v, "text") && strcmp(v, "json")) {
+                fprintf(stderr, "strata serve: --log-format '%s': expected text or json\n", v);
+                goto out;
+            }
+            o.log_json = !strcmp(v, "json");
+            i++;
+        }
         else if (!strcmp(a, "--test-forced-output")) o.allow_forced_output = 1;
         else if (!strcmp(a, "--no-prefix-cache")) o.no_prefix_reuse = 1;
         else if (!strcmp(a, "--cache-mem") && v) {
@@ -130,6 +139,8 @@ int cmd_serve(int argc, char **argv) {
             serve_usage(stdout);
             rc = 0;
             goto out;
+        } else if (a[0] != '-' && !o.model_dir) {
+            o.model_dir = a; /* strata serve DIR */
         } else {
             fprintf(stderr, "strata serve: unknown or incomplete option '%s'\n", a);
             serve_usage(stderr);
@@ -174,12 +185,16 @@ int cmd_serve(int argc, char **argv) {
     }
     const char *h = o.host ? o.host : "127.0.0.1";
     int v6 = strchr(h, ':') != NULL;
-    if (!guard_listen_is_loopback(h))
-        fprintf(stderr, "strata serve: NOTE: listening on %s: reachable from the network, not only "
-                        "from this machine; %s\n", h,
-                key ? "an API key is set (clients send Authorization: Bearer KEY)"
-                    : "NO API KEY is set: anyone who reaches this port can use the model (set one "
-                      "with --api-key-file PATH or STRATA_API_KEY)");
+    if (!guard_listen_is_loopback(h)) {
+        char note[512]; /* said even with --quiet */
+        snprintf(note, sizeof note, "NOTE: listening on %s: reachable from the network, not only "
+                 "from this machine; %s", h,
+                 key ? "an API key is set (clients send Authorization: Bearer KEY)"
+                     : "NO API KEY is set: anyone who reaches this port can use the model (set one "
+                       "with --api-key-file PATH or STRATA_API_KEY)");
+        if (o.quiet) fprintf(stderr, "strata serve: %s\n", note);
+        else server_logf(s, "%s\n", note);
+    }
     printf("strata serve: model %s (%s backend, context %d, loaded in %.0f ms) listening on "
            "http://%s%s%s:%d\n",
            server_model_name(s), model_backend(server_model(s))->ops->name,
@@ -188,7 +203,7 @@ int cmd_serve(int argc, char **argv) {
     fflush(stdout);
     int sig = 0;
     sigwait(&set, &sig);
-    if (!o.quiet) fprintf(stderr, "strata serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    server_logf(s, "%s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     server_stop(s);
     rc = 0;
 out:

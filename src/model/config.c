@@ -23,11 +23,16 @@
  * This file does not look at the weights; model.c checks that they agree with the config. */
 #include "config.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -275,11 +280,21 @@ int config_parse(struct config *c, const char *json, size_t len, const char *pat
         }
         const char *a = json_string_value(a0);
         if (strcmp(a, "Qwen3_5ForConditionalGeneration") && strcmp(a, "Qwen3_5ForCausalLM")) {
+            const char *mt = json_string_value(json_object_get(root, "model_type"));
             error_set(err, "%s: architectures[0]: expected \"Qwen3_5ForConditionalGeneration\" or "
-                      "\"Qwen3_5ForCausalLM\" (a dense Qwen3.5 model), found \"%.80s\"", path, a);
+                      "\"Qwen3_5ForCausalLM\" (a dense Qwen3.5 model), found \"%.80s\"%s%.40s%s: "
+                      "this is not a Qwen3.5 checkpoint, and strata runs only the Qwen3.5 dense "
+                      "models", path, a, mt ? " (model_type \"" : "", mt ? mt : "", mt ? "\")" : "");
             goto fail;
         }
         snprintf(c->architecture, sizeof c->architecture, "%s", a);
+    }
+    const char *mt = json_string_value(json_object_get(root, "model_type"));
+    if (mt && strcmp(mt, "qwen3_5") && strcmp(mt, "qwen3_5_text")) {
+        error_set(err, "%s: model_type: expected \"qwen3_5\" or \"qwen3_5_text\", found \"%.40s\": "
+                  "this is not a Qwen3.5 checkpoint, and strata runs only the Qwen3.5 dense models",
+                  path, mt);
+        goto fail;
     }
     static const char *const model_types[] = {"qwen3_5", "qwen3_5_text", NULL};
     if (cfg_enum(&cx, root, "model_type", model_types, "expected \"qwen3_5\" or \"qwen3_5_text\""))
@@ -461,4 +476,45 @@ int gen_defaults_load(struct gen_defaults *g, const char *path, struct error *er
 done:
     json_decref(root);
     return rc;
+}
+
+/* A GGUF file (or a directory of them) is what llama.cpp and Ollama read; say so rather than
+ * fail on a config.json that is not there. */
+int config_check_dir(const char *dir, struct error *err) {
+    struct stat st;
+    if (stat(dir, &st) != 0) return 0; /* the config.json error names it */
+    size_t n = strlen(dir);
+    if (S_ISREG(st.st_mode)) {
+        char magic[4] = {0};
+        FILE *f = fopen(dir, "rb");
+        size_t got = f ? fread(magic, 1, 4, f) : 0;
+        if (f) fclose(f);
+        if ((got == 4 && !memcmp(magic, "GGUF", 4)) || (n > 5 && !strcasecmp(dir + n - 5, ".gguf")))
+            return error_set(err, "%s is a GGUF file: strata does not read GGUF (llama.cpp's "
+                             "format); it loads Hugging Face checkpoints as published, a directory "
+                             "with config.json, *.safetensors (BF16) and tokenizer.json (e.g. "
+                             "huggingface-cli download Qwen/Qwen3.5-4B)", dir);
+        return error_set(err, "%s is a file, not a checkpoint directory (config.json, "
+                         "*.safetensors and tokenizer.json)", dir);
+    }
+    if (!S_ISDIR(st.st_mode)) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, F_OK) == 0) return 0;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char gguf[256] = "";
+    while (d && (de = readdir(d))) {
+        size_t k = strlen(de->d_name);
+        if (k > 5 && !strcasecmp(de->d_name + k - 5, ".gguf")) {
+            snprintf(gguf, sizeof gguf, "%s", de->d_name);
+            break;
+        }
+    }
+    if (d) closedir(d);
+    if (gguf[0])
+        return error_set(err, "%s holds GGUF files (%s) and no config.json: strata does not read "
+                         "GGUF; it loads Hugging Face checkpoints (config.json, *.safetensors, "
+                         "tokenizer.json)", dir, gguf);
+    return 0;
 }

@@ -68,4 +68,8 @@ int config_load(struct config *c, const char *path, struct error *err);
 /* Same, from a JSON text already in memory (`path` is used only in messages). */
 int config_parse(struct config *c, const char *json, size_t len, const char *path, struct error *err);
 
+/* Before loading DIR: -1 + err naming the problem when it is a GGUF file, another file, or a
+ * directory of GGUF files without config.json; else 0 (the loader reports what else is wrong). */
+int config_check_dir(const char *dir, struct error *err);
+
 #endif

@@ -325,6 +325,10 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     char path[4096];
     m->quiet = opt->quiet;
 
+    if (config_check_dir(dir, err) != 0) {
+        free(m);
+        return NULL;
+    }
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (config_load(&m->config, path, err) < 0) goto fail;
     const struct config *c = &m->config;

@@ -5,6 +5,8 @@
  *   0 /v1/chat/completions   1 /v1/completions   2 /tokenize   3 /detokenize
  *   4 the text quoted into an error message (api_quote), and the Host / Origin / Content-Type
  *     guards on it as a header value
+ *   'O' /api/chat, 'G' /api/generate, 'S' /api/show (Ollama's API: ollama.c), bytes outside
+ *     0..4 so the older seeds keep their routes
  * Properties: a refused body gets a 4xx status and an error that encodes as JSON (a 500 from a
  * message quoting client bytes is a failure); an accepted one has a prompt that fits the
  * context; responses encode as JSON; quoted text is valid UTF-8 and fits its buffer. */
@@ -14,6 +16,7 @@
 #include <pthread.h>
 
 #include "api/guard.h"
+#include "api/ollama.h"
 #include "api/openai.h"
 #include "model/model.h"
 #include "text/chat.h"
@@ -61,6 +64,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t n = size - 1;
     struct api_error e;
     memset(&e, 0, sizeof e);
+    if (data[0] == 'O' || data[0] == 'G' || data[0] == 'S') {
+        struct ollama_model om = {"demo", fuzz_model_dir(), NULL, model, 0};
+        if (data[0] == 'S') {
+            json_t *r = ollama_show(&om, body, n, &e);
+            if (r) check_encodes(r, "ollama show");
+            else FUZZ_CHECK(e.ollama && (e.status == 400 || e.status == 404), "show: %d", e.status);
+            return 0;
+        }
+        json_t *now = NULL;
+        char note[256];
+        struct job *j = ollama_job_new(&om, tok, &tmpl, data[0] == 'G', body, n, &rng, &rng_mu, 1,
+                                       &now, note, sizeof note, &e);
+        if (now) {
+            FUZZ_CHECK(!j, "a job and an immediate answer");
+            check_encodes(now, "ollama load");
+        } else if (!j) {
+            FUZZ_CHECK(e.ollama, "ollama: an error not in Ollama's shape");
+            check_error(&e, data[0] == 'G' ? "ollama generate" : "ollama chat");
+        } else {
+            FUZZ_CHECK(j->n_ids > 0 && j->n_ids < model_ctx(model), "ollama prompt of %d tokens", j->n_ids);
+            FUZZ_CHECK(j->proto && j->proto_state, "ollama job without its framing");
+            api_job_free(j);
+        }
+        return 0;
+    }
     switch (data[0] % 5) {
     case 0:
     case 1: {
