@@ -8,8 +8,8 @@
  * fields from options) that api_job_new validates and renders exactly as /v1/chat/completions;
  * /api/generate with raw becomes a completion of the prompt text. What is not here: model
  * management (pull, push, create, copy, delete: one checkpoint is served), embeddings, images,
- * the Go template override, the `context` token list of old /api/generate clients, and
- * `format` (constrained decoding; see ollama_format). */
+ * the Go template override and the `context` token list of old /api/generate clients.
+ * `format` is constrained decoding (ollama_format). */
 #include "ollama.h"
 
 #include <math.h>
@@ -75,17 +75,20 @@ static const struct { const char *ollama, *openai; } option_map[] = {
 };
 #define N_OPTION_MAP (sizeof option_map / sizeof option_map[0])
 
-/* format: "json" or a JSON schema asks for constrained decoding. Until the grammar exists this
- * is a 400; wiring it is mapping the value to the OpenAI request's response_format here
- * ({"type":"json_object"} or {"type":"json_schema","json_schema":{"schema":...}}). */
+/* format: "json" or a JSON schema: constrained decoding, as the OpenAI request's
+ * response_format ({"type":"json_object"} or {"type":"json_schema","json_schema":{...}}); the
+ * chat path compiles the grammar and refuses what it does not support. */
 static int ollama_format(const json_t *v, json_t *out, struct api_error *e) {
-    (void)out;
     if (!v || json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)) return 0;
-    if (!(json_is_string(v) && !strcmp(json_string_value(v), "json")) && !json_is_object(v))
-        return refuse(e, 400, "'format' must be \"json\" or a JSON schema object");
-    return refuse(e, 400, "'format' (%s) needs constrained decoding, which strata does not have "
-                  "yet; leave 'format' out and ask for JSON in the prompt",
-                  json_is_string(v) ? "\"json\"" : "a JSON schema");
+    if (json_is_string(v) && !strcmp(json_string_value(v), "json")) {
+        json_object_set_new(out, "response_format", json_pack("{s:s}", "type", "json_object"));
+        return 0;
+    }
+    if (!json_is_object(v)) return refuse(e, 400, "'format' must be \"json\" or a JSON schema object");
+    json_object_set_new(out, "response_format",
+                        json_pack("{s:s,s:{s:s,s:O,s:b}}", "type", "json_schema", "json_schema", "name",
+                                  "format", "schema", v, "strict", 1));
+    return 0;
 }
 
 /* One Ollama message -> the OpenAI message the chat template reads. */

@@ -215,10 +215,25 @@ async function main() {
   const after = await ollama.chat({ model: name, messages: user, options: greedy, think: false });
   expect(after.message.content === content && Date.now() - t0 < 5000, `request after an aborted stream (${Date.now() - t0} ms)`);
 
+  // format: constrained decoding (the demo model writes nonsense: only the grammar makes it JSON)
+  {
+    const schema = { type: "object", properties: { name: { type: "string" }, age: { type: "integer" }, tags: { type: "array", items: { type: "string" }, maxItems: 3 } },
+      required: ["name", "age"], additionalProperties: false };
+    const r = await ollama.chat({ model: name, messages: user, format: schema, think: false, options: { ...greedy, num_predict: 300 } });
+    let v = null;
+    try { v = JSON.parse(r.message.content); } catch { /* checked below */ }
+    expect(v && typeof v.name === "string" && Number.isInteger(v.age) && Object.keys(v).every((k) => k in schema.properties),
+      `format: a schema gives matching JSON: ${r.message.content.slice(0, 200)}`);
+    const g = await ollama.generate({ model: name, prompt: "A JSON object:", format: "json", think: false, options: { ...greedy, num_predict: 200 } });
+    let o = null;
+    try { o = JSON.parse(g.response); } catch { /* checked below */ }
+    expect(o && typeof o === "object" && !Array.isArray(o), `format "json" gives a JSON object: ${g.response.slice(0, 200)}`);
+  }
+
   // bad input: Ollama's error shape, clear words
   const cases = [
-    [() => ollama.chat({ model: name, messages: user, format: "json" }), 400, "constrained decoding"],
-    [() => ollama.chat({ model: name, messages: user, format: { type: "object" } }), 400, "JSON schema"],
+    [() => ollama.chat({ model: name, messages: user, format: 7 }), 400, "'format'"],
+    [() => ollama.chat({ model: name, messages: user, format: { type: "string", format: "email" } }), 400, "'format' is not supported"],
     [() => ollama.generate({ model: name, prompt: "def f(", suffix: "return 1" }), 400, "fill-in-the-middle"],
     [() => ollama.generate({ model: name, prompt: "x", template: "{{ .Prompt }}" }), 400, "cannot be overridden"],
     [() => ollama.chat({ model: name, messages: [{ role: "user", content: "x", images: ["aGk="] }] }), 400, "images"],
