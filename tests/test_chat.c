@@ -92,6 +92,52 @@ static void test_fixtures(void) {
         }
         free(got);
     }
+    /* continue_final_message: for every case transformers rendered with a final assistant
+     * message whose content is a string, transformers' cut of its own rendering (the text up to
+     * the end of the content's last occurrence, or of the content stripped) is ours */
+    int n_cont = 0;
+    for (size_t i = 0; i < json_array_size(reqs) && i < json_array_size(cases); i++) {
+        json_t *c = json_array_get(reqs, i), *e = json_array_get(cases, i);
+        json_t *rq = json_object_get(c, "request"), *msgs = json_object_get(rq, "messages");
+        const json_t *lastm = json_array_get(msgs, json_array_size(msgs) - 1);
+        const json_t *content = json_object_get(lastm, "content");
+        const json_t *agp = json_object_get(rq, "add_generation_prompt");
+        if (!json_is_true(json_object_get(e, "ok")) || !json_is_string(content) || !json_is_false(agp) ||
+            strcmp(json_string_value(json_object_get(lastm, "role")), "assistant") != 0)
+            continue;
+        const char *ref = json_string_value(json_object_get(e, "text"));
+        const char *fin = json_string_value(content);
+        size_t flen = strlen(fin);
+        const char *hit = NULL;
+        for (int pass = 0; pass < 2 && !hit; pass++) {
+            for (const char *q = ref; flen && (q = memmem(q, strlen(q), fin, flen)); q++) hit = q;
+            if (!hit) {
+                while (flen && strchr(" \t\n\r", fin[0])) fin++, flen--;
+                while (flen && strchr(" \t\n\r", fin[flen - 1])) flen--;
+            }
+        }
+        const struct chat_template *t =
+            !strcmp(json_string_value(json_object_get(c, "template")), "small") ? &tsmall : &tmain;
+        json_t *rq2 = json_deep_copy(rq);
+        json_object_del(rq2, "add_generation_prompt");
+        char *got = NULL;
+        EXPECT(chat_continues_final(rq2), "%s: a final assistant message is continued by default",
+               json_string_value(json_object_get(c, "name")));
+        const int rc = chat_render_continued(t, rq2, &got, &err);
+        if (hit) {
+            const size_t want_len = (size_t)(hit - ref) + flen;
+            EXPECT(rc == 0 && strlen(got) == want_len && !strncmp(got, ref, want_len),
+                   "%s: continued prompt differs from transformers' cut", json_string_value(json_object_get(c, "name")));
+        } else {
+            EXPECT(rc < 0, "%s: continued though the content is not in the rendering",
+                   json_string_value(json_object_get(c, "name")));
+        }
+        n_cont++;
+        free(got);
+        json_decref(rq2);
+    }
+    EXPECT(n_cont >= 5, "continue_final_message checked on %d fixture cases (want >= 5)", n_cont);
+    printf("continue_final_message: %d fixture cases cut as transformers cuts its rendering\n", n_cont);
     printf("chat fixtures: %d renderings identical, %d refusals identical, of %zu (transformers %s)\n",
            n_ok, n_refused, json_array_size(cases), json_string_value(json_object_get(exp, "transformers")));
     json_decref(reqs);
@@ -486,8 +532,41 @@ static void test_fuzz(void) {
     json_decref(tools);
 }
 
+/* continue_final_message on a literal case, and the switches that turn it off */
+static void test_continue(void) {
+    struct error err;
+    char *text = read_file("data/qwen35-chat-template.jinja", NULL, &err);
+    if (!text) return;
+    struct chat_template t;
+    CHECK(chat_template_from_text(&t, text, &err) == 0);
+    free(text);
+    json_t *rq = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},"
+                            "{\"role\":\"assistant\",\"content\":\"The answer is \"}]}", 0, NULL);
+    char *out = NULL;
+    EXPECT(chat_continues_final(rq) && chat_render_continued(&t, rq, &out, &err) == 0 && out &&
+               !strcmp(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is"),
+           "continued: %s", out ? out : err.msg);
+    free(out);
+    json_object_set_new(rq, "continue_final_message", json_false());
+    EXPECT(!chat_continues_final(rq), "continue_final_message false closes the message");
+    json_object_del(rq, "continue_final_message");
+    json_object_set_new(rq, "chat_template_kwargs", json_pack("{s:b}", "add_generation_prompt", 1));
+    EXPECT(!chat_continues_final(rq), "add_generation_prompt true closes the message");
+    json_decref(rq);
+    rq = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"\"}]}", 0, NULL);
+    out = NULL;
+    EXPECT(chat_render_continued(&t, rq, &out, &err) < 0 && strstr(err.msg, "cannot be continued"),
+           "an empty final message: %s", out ? out : err.msg);
+    free(out);
+    json_decref(rq);
+    rq = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", 0, NULL);
+    EXPECT(!chat_continues_final(rq), "a final user message is not continued");
+    json_decref(rq);
+}
+
 int main(void) {
     test_fixtures();
+    test_continue();
     test_pyformat();
     test_template_loading();
     test_parse();

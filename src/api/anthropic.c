@@ -14,8 +14,9 @@
  * text_delta, input_json_delta) / _stop, message_delta (stop_reason, usage), message_stop, as the
  * Anthropic SDK's MessageStream accumulates them. usage: input_tokens are the prompt tokens not
  * resumed from the prefix cache, cache_read_input_tokens the resumed ones (Anthropic's split).
- * Errors: {"type":"error","error":{"type","message"}}. Not supported: images, documents,
- * server tools, an assistant prefill (a last message from the assistant). */
+ * A last message from the assistant is a prefill: the reply continues it (chat's
+ * continue_final_message). Errors: {"type":"error","error":{"type","message"}}. Not supported:
+ * images, documents, server tools. */
 #include "anthropic.h"
 
 #include <stdarg.h>
@@ -290,11 +291,6 @@ static json_t *to_chat(const json_t *rq, int count, struct api_error *e) {
                 "blocks", i);
             goto fail;
         } else if ((user ? user_blocks : assistant_blocks)(msgs, content, i, e) < 0) {
-            goto fail;
-        }
-        if (!user && i + 1 == json_array_size(ms)) {
-            bad(e, "messages", "messages[%zu]: a last message from the assistant (a prefill to "
-                "continue) is not supported; end with a user message", i);
             goto fail;
         }
     }

@@ -656,7 +656,8 @@ static int prepare_chat(struct job *j, const struct chat_template *tmpl, char **
         j->tools = NULL;
     }
     struct error err;
-    int rc = chat_render(tmpl, render_rq, prompt, &err);
+    int rc = chat_continues_final(render_rq) ? chat_render_continued(tmpl, render_rq, prompt, &err)
+                                             : chat_render(tmpl, render_rq, prompt, &err);
     if (render_rq != rq) json_decref(render_rq);
     if (rc != 0) return bad(e, "messages", "%s", err.msg);
     j->in_thinking = chat_prompt_opens_thinking(*prompt);
@@ -1249,7 +1250,8 @@ json_t *api_apply_template(const struct chat_template *tmpl, const char *body, s
         json_decref(rq);
         rq = dev;
     }
-    if (chat_render(tmpl, rq, &prompt, &err) != 0)
+    if ((chat_continues_final(rq) ? chat_render_continued(tmpl, rq, &prompt, &err)
+                                  : chat_render(tmpl, rq, &prompt, &err)) != 0)
         bad(e, "messages", "%s", err.msg);
     else
         r = json_pack("{s:s}", "prompt", prompt);

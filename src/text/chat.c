@@ -676,6 +676,50 @@ fail:
     return -1;
 }
 
+int chat_continues_final(const json_t *req) {
+    const json_t *messages = jget(req, "messages");
+    const size_t n = json_is_array(messages) ? json_array_size(messages) : 0;
+    const json_t *cfm = template_var(req, "continue_final_message");
+    const json_t *agp = template_var(req, "add_generation_prompt");
+    return n > 0 && !strcmp(role_of(json_array_get(messages, n - 1)), "assistant") &&
+           !(cfm && !py_truthy(cfm)) && !(agp && py_truthy(agp));
+}
+
+int chat_render_continued(const struct chat_template *t, const json_t *req, char **out,
+                          struct error *err) {
+    json_t *rq = json_deep_copy(req);
+    json_object_set_new(rq, "add_generation_prompt", json_false());
+    json_t *kw = json_object_get(rq, "chat_template_kwargs");
+    if (json_is_object(kw)) json_object_del(kw, "add_generation_prompt");
+    int rc = chat_render(t, rq, out, err);
+    const json_t *messages = jget(rq, "messages");
+    const json_t *c = jget(json_array_get(messages, json_array_size(messages) - 1), "content");
+    if (json_is_array(c) && json_array_size(c) > 0) c = jget(json_array_get(c, json_array_size(c) - 1), "text");
+    const char *fin = json_is_string(c) ? json_string_value(c) : "";
+    size_t flen = json_is_string(c) ? json_string_length(c) : 0;
+    for (int pass = 0; rc == 0 && pass < 2; pass++) { /* transformers: rindex, then stripped */
+        const size_t len = strlen(*out);
+        const char *hit = NULL;
+        for (const char *q = *out; flen && (q = memmem(q, len - (size_t)(q - *out), fin, flen)); q++) hit = q;
+        if (hit) {
+            (*out)[(size_t)(hit - *out) + flen] = 0;
+            json_decref(rq);
+            return 0;
+        }
+        while (flen && strchr(" \t\n\r", fin[0])) fin++, flen--;
+        while (flen && strchr(" \t\n\r", fin[flen - 1])) flen--;
+    }
+    if (rc == 0) {
+        free(*out);
+        *out = NULL;
+        rc = error_set(err, "the final assistant message cannot be continued: its content is empty "
+                            "or the template does not render it as given (set "
+                            "continue_final_message false to close it instead)");
+    }
+    json_decref(rq);
+    return rc;
+}
+
 int chat_prompt_opens_thinking(const char *prompt) { return ends_with(prompt, "<think>\n"); }
 
 /* ---- loading the template ------------------------------------------------------------- */

@@ -51,6 +51,17 @@ int chat_template_load(struct chat_template *t, const char *model_dir, struct er
  * "System message must be at the beginning." or "No user query found in messages.". */
 int chat_render(const struct chat_template *t, const json_t *request, char **out, struct error *err);
 
+/* A final assistant message continued rather than closed (llama-server's prefill of the
+ * assistant's turn): true when the last message is the assistant's, unless the request (or its
+ * chat_template_kwargs) sets continue_final_message false or add_generation_prompt true. Then
+ * chat_render_continued renders without a generation prompt and cuts the text where that
+ * message's content ends, as transformers' apply_chat_template(continue_final_message=True)
+ * does (its last occurrence; failing that, of the content stripped); -1 with a message when
+ * the content is not found (empty, or rendered otherwise). */
+int chat_continues_final(const json_t *request);
+int chat_render_continued(const struct chat_template *t, const json_t *request, char **out,
+                          struct error *err);
+
 /* True when a rendered prompt ends inside an open thinking block ("<think>\n"), so generation
  * starts with reasoning: pass this as in_thinking to the parsers below. */
 int chat_prompt_opens_thinking(const char *prompt);

@@ -59,6 +59,18 @@ await run(20000, async (url) => {
       `tool_choice ${JSON.stringify(tc)} forces a valid call: ${forced.stop_reason} ${JSON.stringify(forced.content).slice(0, 300)}`);
   }
 
+  // an assistant prefill: the reply continues the last assistant message (the prompt ends with
+  // it, so it holds the prefill's tokens and no new turn)
+  {
+    const pre = { ...base, messages: [...base.messages, { role: "assistant", content: "Sure, here is one:" }] };
+    const r = await client.messages.create(pre);
+    const c1 = await client.messages.countTokens({ model: "demo", messages: pre.messages, thinking: base.thinking });
+    const c0 = await client.messages.countTokens({ model: "demo", messages: base.messages, thinking: base.thinking });
+    expect(r.content.length > 0 && r.content[0].type === "text" && !r.content[0].text.startsWith("Sure, here is one:"),
+      `prefill: a continuation ${JSON.stringify(r.content).slice(0, 200)}`);
+    expect(c1.input_tokens > c0.input_tokens, `prefill: the prompt holds the prefill (${c1.input_tokens} > ${c0.input_tokens})`);
+  }
+
   // count_tokens: the prompt the same request is given
   const counted = await client.messages.countTokens({ model: "demo", messages: base.messages, thinking: base.thinking });
   expect(counted.input_tokens === plain.usage.input_tokens + plain.usage.cache_read_input_tokens,
@@ -156,7 +168,6 @@ await run(20000, async (url) => {
     [{ ...base, tools: [{ type: "web_search_20250305", name: "web_search" }] }, /server tool/, "server tool"],
     [{ ...base, temperature: "hot" }, /temperature/, "bad temperature"],
     [{ ...base, tools, tool_choice: { type: "auto" }, stop_sequences: [""] }, /stop/, "empty stop sequence"],
-    [{ ...base, messages: [...base.messages, { role: "assistant", content: "Sure" }] }, /prefill/, "assistant prefill"],
   ];
   for (const [body, re, what] of bads) {
     try {

@@ -39,6 +39,9 @@ code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
 json=(-H 'Content-Type: application/json')
 ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}")" = 200 ] && grep -q "\"prompt\":\"<|im_start|>user\\\\nHi<|im_end|>" "$tmp/body"' "/apply-template renders the prompt"
 ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":3}")" = 400 ]' "/apply-template 400"
+# a final assistant message is continued (its content ends the prompt), or closed when asked
+ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"The answer is\"}]}")" = 200 ] && grep -q "The answer is\"}$" "$tmp/body"' "a final assistant message is continued"
+ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"The answer is\"}],\"continue_final_message\":false}")" = 200 ] && grep -q "The answer is<|im_end|>" "$tmp/body"' "continue_final_message false closes it"
 # OpenAI's developer role: the system message when it comes first; later, a 400 naming it
 ok '[ "$(code "$url/apply-template" "${json[@]}" -d "{\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi\"}]}")" = 200 ] && grep -q "\"prompt\":\"<|im_start|>system\\\\nBe brief.<|im_end|>" "$tmp/body"' "developer role as the system message"
 ok '[ "$(code "$url/v1/chat/completions" "${json[@]}" -d "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"developer\",\"content\":\"x\"}]}")" = 400 ] && grep -q "messages\[1\] is a developer message" "$tmp/body"' "a later developer message: 400 naming it"
