@@ -386,6 +386,33 @@ static int setup_grammar(struct job *j, const struct model *m, const struct toke
     return 0;
 }
 
+void api_grammar_warmup(const struct model *m, const struct tokenizer *tok) {
+    /* the token table and trie, and the built-in rules' per-state classes (strings, numbers,
+     * whitespace, the literals) along one instance */
+    struct grammar_vocab *v = vocab_for(tok, m);
+    json_t *schema = json_loads("{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"},"
+                                "\"n\":{\"type\":\"number\"},\"i\":{\"type\":\"integer\"},"
+                                "\"b\":{\"type\":\"boolean\"},\"a\":{\"type\":\"array\","
+                                "\"items\":{\"type\":[\"string\",\"null\"]}}},"
+                                "\"required\":[\"s\",\"n\",\"i\",\"b\",\"a\"]}", 0, NULL);
+    struct grammar_spec sp = {.schema = schema};
+    struct error err;
+    struct grammar *g = schema ? grammar_compile(&sp, &err) : NULL;
+    if (g) {
+        static const char inst[] = "{\"s\": \"a b\\n\", \"n\": -1.5e3, \"i\": 42, \"b\": true, \"a\": [\"x\", null]}";
+        struct grammar_matcher *mt = grammar_matcher_new(g, v, NULL);
+        uint64_t *bits = xmalloc(grammar_mask_words(v) * sizeof *bits);
+        for (size_t k = 0; k < sizeof inst - 1; k++) {
+            (void)grammar_matcher_mask(mt, bits, 0);
+            if (grammar_matcher_accept_bytes(mt, inst + k, 1) != 0) break;
+        }
+        free(bits);
+        grammar_matcher_free(mt);
+        grammar_unref(g);
+    }
+    json_decref(schema);
+}
+
 /* ---- logprobs ------------------------------------------------------------------------- */
 
 /* chat: logprobs (boolean) + top_logprobs (0..20); completions: logprobs (0..20, the number of

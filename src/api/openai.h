@@ -137,6 +137,10 @@ struct job *api_job_new_json(struct model *m, struct tokenizer *tok,
                              int allow_forced, struct api_error *e);
 /* A request body as a JSON object; NULL + e (400, the line and column) otherwise. */
 json_t *api_parse_body(const char *body, size_t len, struct api_error *e);
+
+/* Builds what constrained decoding shares across requests (the vocabulary's trie, the built-in
+ * rules' token classes) so that the first request with a schema pays only for its own grammar. */
+void api_grammar_warmup(const struct model *m, const struct tokenizer *tok);
 void api_job_free(struct job *j);
 /* Runs the job on the engine (engine thread), framing SSE as tokens come; sets done. */
 void api_job_run(struct job *j, struct engine *eng);

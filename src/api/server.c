@@ -1127,6 +1127,7 @@ struct server *server_start(const struct server_options *o, struct error *err) {
         free(ids);
         free(text);
         json_decref(rq);
+        api_grammar_warmup(s->model, s->tok);
     }
     engine_set_prefix_reuse(s->engine, !s->opt.no_prefix_reuse);
     if (!s->opt.no_prefix_reuse) {
