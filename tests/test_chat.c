@@ -103,8 +103,9 @@ static void test_fixtures(void) {
         const json_t *content = json_object_get(lastm, "content");
         const json_t *agp = json_object_get(rq, "add_generation_prompt");
         if (!json_is_true(json_object_get(e, "ok")) || !json_is_string(content) || !json_is_false(agp) ||
-            strcmp(json_string_value(json_object_get(lastm, "role")), "assistant") != 0)
-            continue;
+            strcmp(json_string_value(json_object_get(lastm, "role")), "assistant") != 0 ||
+            !json_string_value(content)[strspn(json_string_value(content), " \t\n\r")])
+            continue; /* an empty final message is closed (chat_continues_final) */
         const char *ref = json_string_value(json_object_get(e, "text"));
         const char *fin = json_string_value(content);
         size_t flen = strlen(fin);
@@ -554,9 +555,10 @@ static void test_continue(void) {
     EXPECT(!chat_continues_final(rq), "add_generation_prompt true closes the message");
     json_decref(rq);
     rq = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"\"}]}", 0, NULL);
+    EXPECT(!chat_continues_final(rq), "an empty final message is closed, not continued");
     out = NULL;
     EXPECT(chat_render_continued(&t, rq, &out, &err) < 0 && strstr(err.msg, "cannot be continued"),
-           "an empty final message: %s", out ? out : err.msg);
+           "an empty final message cannot be continued: %s", out ? out : err.msg);
     free(out);
     json_decref(rq);
     rq = json_loads("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", 0, NULL);

@@ -681,8 +681,15 @@ int chat_continues_final(const json_t *req) {
     const size_t n = json_is_array(messages) ? json_array_size(messages) : 0;
     const json_t *cfm = template_var(req, "continue_final_message");
     const json_t *agp = template_var(req, "add_generation_prompt");
-    return n > 0 && !strcmp(role_of(json_array_get(messages, n - 1)), "assistant") &&
-           !(cfm && !py_truthy(cfm)) && !(agp && py_truthy(agp));
+    if (n == 0 || strcmp(role_of(json_array_get(messages, n - 1)), "assistant") != 0 ||
+        (cfm && !py_truthy(cfm)) || (agp && py_truthy(agp)))
+        return 0;
+    /* something to continue: text content that is not only whitespace (an empty one, or a
+     * tool-call turn, is closed and a new turn opened, as before) */
+    const json_t *c = jget(json_array_get(messages, n - 1), "content");
+    if (json_is_array(c) && json_array_size(c) > 0) c = jget(json_array_get(c, json_array_size(c) - 1), "text");
+    const char *s = json_is_string(c) ? json_string_value(c) : "";
+    return s[strspn(s, " \t\n\r")] != 0;
 }
 
 int chat_render_continued(const struct chat_template *t, const json_t *req, char **out,

@@ -52,8 +52,9 @@ int chat_template_load(struct chat_template *t, const char *model_dir, struct er
 int chat_render(const struct chat_template *t, const json_t *request, char **out, struct error *err);
 
 /* A final assistant message continued rather than closed (llama-server's prefill of the
- * assistant's turn): true when the last message is the assistant's, unless the request (or its
- * chat_template_kwargs) sets continue_final_message false or add_generation_prompt true. Then
+ * assistant's turn): true when the last message is the assistant's with text content (not only
+ * whitespace), unless the request (or its chat_template_kwargs) sets continue_final_message
+ * false or add_generation_prompt true. Then
  * chat_render_continued renders without a generation prompt and cuts the text where that
  * message's content ends, as transformers' apply_chat_template(continue_final_message=True)
  * does (its last occurrence; failing that, of the content stripped); -1 with a message when
