@@ -503,6 +503,76 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
     free(st), free(cres[0]), free(cres[1]), free(sres[0]), free(sres[1]);
 }
 
+/* A batched step's mixers (attention_rows, gdn_rows): B sequences at different positions, each
+ * with its own caches / states, against the CPU's rows (which are the T = 1 ops, one by one). */
+static void check_rows(struct pair *p, const struct config *c, const char *tag, int max_ctx, int B) {
+    const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    const int Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    const int K = c->linear_conv_kernel_dim;
+    const size_t arow = (size_t)2 * nH * hd + 2 * nKV * hd, grow = (size_t)c->conv_dim + c->value_dim + 2 * Hv;
+    const size_t ncache = (size_t)nKV * max_ctx * hd, nconv = (size_t)c->conv_dim * K, nst = (size_t)Hv * dk * dv;
+    CHECK(B <= 8);
+    int32_t pos[8];
+    for (int b = 0; b < B; b++) pos[b] = (int32_t)((b * 1237 + 3) % (max_ctx - 1));
+    uint16_t *qkv = rand_bf16((size_t)B * arow, 2.0f), *qn = rand_bf16(hd, 0.5f), *kn = rand_bf16(hd, 0.5f);
+    uint16_t *proj = rand_bf16((size_t)B * grow, 3.0f), *cw = rand_bf16(nconv, 0.5f);
+    float *A_log = rand_f32(Hv, 1.0f), *dt_bias = rand_f32(Hv, 1.0f), *nw = rand_f32(dv, 1.0f);
+    for (int i = 0; i < Hv; i++) A_log[i] = bf16r(A_log[i]), dt_bias[i] = bf16r(dt_bias[i]);
+    for (int i = 0; i < dv; i++) nw[i] = bf16r(1.0f + 0.5f * nw[i]);
+    uint16_t *kc[8], *vc[8], *cs[8];
+    float *st[8];
+    for (int b = 0; b < B; b++) {
+        kc[b] = rand_bf16(ncache, 1.0f), vc[b] = rand_bf16(ncache, 1.0f);
+        cs[b] = rand_bf16(nconv, 3.0f), st[b] = rand_f32(nst, 0.5f);
+    }
+    struct backend *bes[2] = {p->cpu, p->gpu};
+    uint16_t *aout[2], *gout[2], *kres[2][8], *cres[2][8];
+    float *sres[2][8];
+    for (int i = 0; i < 2; i++) {
+        struct backend *be = bes[i];
+        uint16_t *dkc[8], *dvc[8], *dcs[8];
+        float *dst[8];
+        for (int b = 0; b < B; b++) {
+            dkc[b] = up(be, kc[b], ncache * 2), dvc[b] = up(be, vc[b], ncache * 2);
+            dcs[b] = up(be, cs[b], nconv * 2), dst[b] = up(be, st[b], nst * 4);
+        }
+        void *dqkv = up(be, qkv, (size_t)B * arow * 2), *dqn = up(be, qn, hd * 2), *dkn = up(be, kn, hd * 2);
+        void *dproj = up(be, proj, (size_t)B * grow * 2), *dcw = up(be, cw, nconv * 2);
+        void *dA = up(be, A_log, Hv * 4), *ddt = up(be, dt_bias, Hv * 4), *dnw = up(be, nw, dv * 4);
+        void *dpos = up(be, pos, (size_t)B * 4);
+        void *daout = be->ops->alloc(be, (size_t)B * nH * hd * 2), *dgout = be->ops->alloc(be, (size_t)B * c->value_dim * 2);
+        be->ops->attention_rows(be, daout, dqkv, dqn, dkn, dkc, dvc, dpos, B);
+        be->ops->gdn_rows(be, dgout, dproj, dcs, dcw, dA, ddt, dnw, dst, dpos, B);
+        aout[i] = down(be, daout, (size_t)B * nH * hd * 2);
+        gout[i] = down(be, dgout, (size_t)B * c->value_dim * 2);
+        for (int b = 0; b < B; b++) {
+            kres[i][b] = down(be, dkc[b], ncache * 2);
+            cres[i][b] = down(be, dcs[b], nconv * 2);
+            sres[i][b] = down(be, dst[b], nst * 4);
+            be->ops->free(be, dkc[b]), be->ops->free(be, dvc[b]), be->ops->free(be, dcs[b]), be->ops->free(be, dst[b]);
+        }
+        void *bufs[] = {dqkv, dqn, dkn, dproj, dcw, dA, ddt, dnw, dpos, daout, dgout};
+        for (size_t j = 0; j < sizeof bufs / sizeof *bufs; j++) be->ops->free(be, bufs[j]);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s attention rows B=%d", tag, B);
+    EXPECT(close_bf16(what, aout[1], aout[0], (size_t)B * nH * hd), "%s", what);
+    snprintf(what, sizeof what, "%s gdn rows B=%d", tag, B);
+    EXPECT(close_bf16(what, gout[1], gout[0], (size_t)B * c->value_dim), "%s", what);
+    for (int b = 0; b < B; b++) {
+        snprintf(what, sizeof what, "%s rows: row %d's k cache (pos %d)", tag, b, pos[b]);
+        EXPECT(close_bf16(what, kres[1][b], kres[0][b], ncache), "%s", what);
+        snprintf(what, sizeof what, "%s rows: row %d's conv state", tag, b);
+        EXPECT(close_bf16(what, cres[1][b], cres[0][b], nconv), "%s", what);
+        snprintf(what, sizeof what, "%s rows: row %d's recurrent state", tag, b);
+        EXPECT(close_f32(what, sres[1][b], sres[0][b], nst), "%s", what);
+        for (int i = 0; i < 2; i++) free(kres[i][b]), free(cres[i][b]), free(sres[i][b]);
+        free(kc[b]), free(vc[b]), free(cs[b]), free(st[b]);
+    }
+    for (int i = 0; i < 2; i++) free(aout[i]), free(gout[i]);
+    free(qkv), free(qn), free(kn), free(proj), free(cw), free(A_log), free(dt_bias), free(nw);
+}
+
 static void check_embed_argmax(struct pair *p, const struct config *c, const char *tag,
                                const uint16_t *table) {
     int H = c->hidden_size, V = c->vocab_size, T = 6;
@@ -734,6 +804,8 @@ static void check_size(const char *size) {
     check_gdn(&p, &c, size, 1, 3, 0, 4, 1); /* the step started by the in_proj's count */
     check_gdn(&p, &c, size, 1, 3, 1, 6, 1);
     check_gdn(&p, &c, size, 3, 2, 0, 1, 1);
+    check_rows(&p, &c, size, max_ctx, 3);
+    check_rows(&p, &c, size, max_ctx, 8);
     check_gdn_snaps(&c, size, 200, 0); /* on backends of max_T 256 */
     check_gdn_snaps(&c, size, 130, 70);
     p.gpu->ops->destroy(p.gpu);

@@ -283,6 +283,116 @@ static void engine_checks(const char *dir, struct tokenizer *tok, int ahead) {
     model_free(m);
 }
 
+/* Continuous batching: requests run together (engine_generate_many, batched steps, prompts fed
+ * in pieces between them) give exactly the tokens and text each gives alone, on the CPU (its
+ * matmul sums every row alike in any batch): greedy and sampled, penalties, a stop string, a
+ * request cancelled partway, prompts that share a prefix (the cache forks from a sequence
+ * another request is using), one longer than a prefill piece, more requests than may run at
+ * once (the rest queued). */
+#define N_BATCH 9
+static void batch_checks(const char *dir, struct tokenizer *tok, int ahead) {
+    struct error err;
+    struct model_options mo = {.backend = BACKEND_CPU, .quiet = 1, .ctx = 1024, .n_threads = 1};
+    struct model *m = model_load(dir, &mo, &err);
+    EXPECT(m != NULL, "demo model: %s", m ? "" : err.msg);
+    if (!m) return;
+    struct engine *e = engine_create(m, tok);
+    engine_set_run_ahead(e, ahead);
+    engine_set_cache(e, 0);
+    engine_set_parallel(e, 6);
+    EXPECT(engine_parallel(e) == 6, "parallel 6: %d", engine_parallel(e));
+    static const char *texts[N_BATCH] = {
+        "<|im_start|>user\nTell me a story about a dog.<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\nTell me a story about a cat.<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "Once upon a time",
+        "<|im_start|>user\nTell me a story about a dog.<|im_end|>\n<|im_start|>assistant\n",
+        "The quick brown fox jumps over the lazy dog. ",
+        "<|im_start|>user\nList three colours.<|im_end|>\n<|im_start|>assistant\n",
+        "1, 2, 3, 4,",
+        "<|im_start|>user\nTell me a story about a dog.<|im_end|>\n<|im_start|>assistant\nOnce",
+    };
+    int32_t *ids[N_BATCH];
+    int n_ids[N_BATCH];
+    for (int i = 0; i < N_BATCH; i++) CHECK(tokenizer_encode(tok, texts[i], strlen(texts[i]), &ids[i], &n_ids[i], &err) == 0);
+    /* prompt 5: long enough for several prefill pieces (the CPU's are 256 tokens) */
+    {
+        int n = 0;
+        int32_t *longp = xmalloc(700 * sizeof *longp);
+        while (n < 700) {
+            int k = n_ids[5] < 700 - n ? n_ids[5] : 700 - n;
+            memcpy(longp + n, ids[5], (size_t)k * sizeof *longp);
+            n += k;
+        }
+        free(ids[5]);
+        ids[5] = longp, n_ids[5] = 700;
+    }
+    static struct capture solo[N_BATCH], many[N_BATCH];
+    struct engine_request rq[N_BATCH];
+    struct engine_result res[N_BATCH], res1;
+    struct error errs[N_BATCH];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < N_BATCH; i++) {
+            struct capture *c = pass ? &many[i] : &solo[i];
+            base_request(&rq[i], ids[i], n_ids[i], c);
+            rq[i].max_tokens = 20 + 7 * i;
+            if (i % 3 == 1) { /* Qwen's sampling, with penalties */
+                rq[i].sampling.temperature = 0.7f, rq[i].sampling.top_k = 20, rq[i].sampling.top_p = 0.8f;
+                rq[i].sampling.presence_penalty = 1.5f, rq[i].sampling.seed = 100 + i;
+            } else if (i % 3 == 2) { /* the host sampler's (top_p over the whole vocabulary) */
+                rq[i].sampling.temperature = 1.0f, rq[i].sampling.top_p = 0.9f, rq[i].sampling.seed = 7;
+            }
+            if (i == 3) rq[i].stop[rq[i].n_stop++] = "e";
+            if (i == 6) c->cancel_at = 9;
+        }
+        if (pass == 0) {
+            for (int i = 0; i < N_BATCH; i++) {
+                engine_set_prefix_reuse(e, 0); /* each alone from a fresh state */
+                CHECK(engine_generate(e, &rq[i], &res[i], &err) == 0);
+                engine_set_prefix_reuse(e, 1);
+            }
+        } else {
+            EXPECT(engine_generate_many(e, rq, res, errs, N_BATCH) == N_BATCH, "all started");
+        }
+        if (pass == 0) memcpy(&res1, &res[3], sizeof res1);
+    }
+    for (int i = 0; i < N_BATCH; i++) {
+        EXPECT(solo[i].n == many[i].n && memcmp(solo[i].ids, many[i].ids, (size_t)solo[i].n * 4) == 0 &&
+                   solo[i].len == many[i].len && memcmp(solo[i].text, many[i].text, solo[i].len) == 0,
+               "request %d: %d tokens alone, %d batched, %s", i, solo[i].n, many[i].n,
+               solo[i].n == many[i].n ? "different tokens or text" : "different counts");
+    }
+    EXPECT(res[3].finish == ENGINE_FINISH_STOP && res[3].stop_index == 0, "batched: the stop string ends request 3");
+    EXPECT(res[6].finish == ENGINE_FINISH_CANCELLED && many[6].n == 9, "batched: request 6 cancelled at 9 (%d)", many[6].n);
+    EXPECT(res[2].n_generated == rq[2].max_tokens && res[2].finish == ENGINE_FINISH_LENGTH, "batched: max_tokens");
+    /* a repeat of the whole batch: every prompt now hits the cache (two of them share a prefix
+     * with others), the same tokens again */
+    for (int i = 0; i < N_BATCH; i++) {
+        base_request(&rq[i], ids[i], n_ids[i], &many[i]);
+        rq[i].max_tokens = 12;
+    }
+    EXPECT(engine_generate_many(e, rq, res, errs, N_BATCH) == N_BATCH, "repeat started");
+    int hits = 0;
+    for (int i = 0; i < N_BATCH; i++) hits += res[i].timings.cache_n > 0;
+    EXPECT(hits == N_BATCH, "repeat: %d of %d prompts resumed from the cache", hits, N_BATCH);
+    for (int i = 0; i < N_BATCH; i++)
+        EXPECT((many[i].n == 12 && memcmp(many[i].ids, solo[i].ids, 12 * 4) == 0) ||
+                   i % 3 != 0 || i == 3 || i == 6,
+               "repeat %d: greedy tokens after a cache hit differ", i);
+    /* a prompt that does not fit is refused alone; the others run */
+    {
+        int32_t *big = xcalloc(2000, sizeof *big);
+        base_request(&rq[1], big, 2000, &many[1]);
+        EXPECT(engine_generate_many(e, rq, res, errs, 3) == 2 && strstr(errs[1].msg, "does not fit"),
+               "one refused: %s", errs[1].msg);
+        free(big);
+    }
+    (void)res1;
+    for (int i = 0; i < N_BATCH; i++) free(ids[i]);
+    engine_free(e);
+    model_free(m);
+}
+
 int main(void) {
     /* stop scan: exact cases */
     {
@@ -307,6 +417,8 @@ int main(void) {
     EXPECT(tok != NULL, "demo tokenizer %s: %s", path, tok ? "" : err.msg);
     for (int ahead = 0; ahead < 2; ahead++)
         if (tok) engine_checks(dir, tok, ahead);
+    for (int ahead = 0; ahead < 2; ahead++)
+        if (tok) batch_checks(dir, tok, ahead);
     tokenizer_free(tok);
     return TEST_DONE();
 }

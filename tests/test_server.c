@@ -947,7 +947,8 @@ static void test_load(void) {
 }
 
 static void test_queue_full(const char *dir) {
-    struct server_options o = {.model_dir = dir, .port = 0, .queue_max = 1, .quiet = 1};
+    /* one request at a time: the second waits in the queue, the third finds it full */
+    struct server_options o = {.model_dir = dir, .port = 0, .queue_max = 1, .parallel = 1, .quiet = 1};
     o.model.backend = BACKEND_CPU;
     o.model.ctx = 4096;
     o.model.n_threads = 1;

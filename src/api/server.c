@@ -132,8 +132,11 @@ struct server {
     int log_tokens;
     unsigned long log_dropped;
 
-    pthread_t engine_thread;
+    pthread_t engine_thread; /* engine_run: the batched rounds */
     int engine_started;
+    atomic_int engine_stop;
+    pthread_t *workers;      /* each takes a job from the queue and waits on the engine for it */
+    int n_workers;
     pthread_mutex_t mu; /* queue, metrics, id generator */
     pthread_cond_t cv;
     struct job *q_head, *q_tail;
@@ -211,6 +214,12 @@ static void metrics_record(struct server *s, const struct job *j) {
 
 static void *engine_main(void *arg) {
     struct server *s = arg;
+    engine_run(s->engine, &s->engine_stop);
+    return NULL;
+}
+
+static void *worker_main(void *arg) {
+    struct server *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->q_head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
@@ -231,14 +240,14 @@ static void *engine_main(void *arg) {
         s->q_head = j->next;
         if (!s->q_head) s->q_tail = NULL;
         s->q_len--;
-        s->running = 1;
+        s->running++;
         pthread_mutex_unlock(&s->mu);
 
         if (peer_gone(j->fd)) atomic_store(&j->cancel, 1);
         api_job_run(j, s->engine);
 
         pthread_mutex_lock(&s->mu);
-        s->running = 0;
+        s->running--;
         metrics_record(s, j);
         pthread_mutex_unlock(&s->mu);
         job_release(j);
@@ -1115,7 +1124,6 @@ struct server *server_start(const struct server_options *o, struct error *err) {
     s->model = model_load(dir, &s->opt.model, err);
     if (!s->model) goto fail;
     s->engine = engine_create(s->model, s->tok);
-    engine_warmup(s->engine);
     { /* the host's first-use costs too: a render of the template and an encode */
         json_t *rq = json_pack("{s:[{s:s,s:s}]}", "messages", "role", "user", "content", "Hello");
         char *text = NULL;
@@ -1130,12 +1138,15 @@ struct server *server_start(const struct server_options *o, struct error *err) {
         api_grammar_warmup(s->model, s->tok);
     }
     engine_set_prefix_reuse(s->engine, !s->opt.no_prefix_reuse);
-    if (!s->opt.no_prefix_reuse) {
-        engine_set_cache(s->engine, s->opt.cache_bytes);
-        engine_cache_stats(s->engine, &s->met.cache);
+    /* the cache's sequences are also those of the requests running at once */
+    engine_set_cache(s->engine, s->opt.cache_bytes);
+    engine_set_parallel(s->engine, s->opt.parallel);
+    engine_warmup(s->engine); /* the batched steps' shapes too, now that there are sequences */
+    engine_cache_stats(s->engine, &s->met.cache);
+    if (!s->opt.no_prefix_reuse)
         server_logf(s, "prefix cache of %.2f GiB: %d sequences, %d checkpoints\n",
                    s->met.cache.budget_bytes / 1073741824.0, s->met.cache.n_seqs, s->met.cache.n_ckpts);
-    }
+    server_logf(s, "%d requests at once (--parallel)\n", engine_parallel(s->engine));
     if (s->opt.no_http) return s;
 
     if (pthread_create(&s->engine_thread, NULL, engine_main, s) != 0) {
@@ -1143,6 +1154,14 @@ struct server *server_start(const struct server_options *o, struct error *err) {
         goto fail;
     }
     s->engine_started = 1;
+    s->workers = xcalloc((size_t)engine_parallel(s->engine), sizeof *s->workers);
+    for (int i = 0; i < engine_parallel(s->engine); i++) {
+        if (pthread_create(&s->workers[i], NULL, worker_main, s) != 0) {
+            error_set(err, "cannot start a request thread");
+            goto fail;
+        }
+        s->n_workers++;
+    }
 
     struct conns_options co = {.host = s->opt.host, .port = s->opt.port,
                                .max_connections = s->opt.max_connections,
@@ -1192,8 +1211,12 @@ void server_stop(struct server *s) {
         pthread_mutex_lock(&s->mu);
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+        atomic_store(&s->engine_stop, 1); /* nothing more can be submitted */
+        engine_wake(s->engine);
         pthread_join(s->engine_thread, NULL);
     }
+    free(s->workers);
     /* no new connections; the engine has ended every job (running ones with an error event:
      * api_job_run), so every open stream has its last bytes - wait until MHD has written them
      * (the streams' responses are freed), within a bound, before closing the sockets */

@@ -29,6 +29,7 @@ struct server_options {
     const char *model_name; /* NULL: the model directory's base name */
     struct model_options model;
     int queue_max;          /* requests waiting for the engine; default 64 */
+    int parallel;           /* requests generated at once; 0: the prefix cache's sequences */
     size_t max_body_bytes;  /* default 8 MiB */
     int quiet;              /* no log lines */
     int log_json;           /* log lines as JSON objects, one a line (--log-format json) */

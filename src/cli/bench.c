@@ -114,12 +114,88 @@ static double time_steps_logprobs(struct model *m, int n) {
     return now_ms() - t0;
 }
 
+/* Batched decode (continuous batching, model_step_rows): for each B of the list, B sequences
+ * each prefilled with 64 random tokens, then 32 batched steps, each row's greedy choice read by
+ * the host and fed to the next step (as the engine runs them); the aggregate and per-sequence
+ * tok/s. With CUDA, the per-op time of one step at the largest B. */
+static int bench_batch(struct model *m, const char *list) {
+    struct model_seq *seqs[MODEL_MAX_BATCH];
+    int n_seqs = 1;
+    seqs[0] = model_seq_default(m);
+    struct backend *be = model_backend(m);
+    const int V = model_config(m)->vocab_size;
+    double one = 0;
+    printf("\n| batch B | aggregate tok/s | per sequence tok/s | ms / step | vs B = 1 |\n|---|---|---|---|---|\n");
+    int last_B = 0;
+    for (const char *q = list; *q;) {
+        int B = 0, used = 0;
+        if (sscanf(q, "%d%n", &B, &used) != 1 || B < 1 || B > MODEL_MAX_BATCH) {
+            fprintf(stderr, "strata bench: --batch '%s': expected sizes 1..%d\n", q, MODEL_MAX_BATCH);
+            return 2;
+        }
+        q += used;
+        if (*q == ',') q++;
+        while (n_seqs < B) {
+            const size_t fr = be->ops->mem_free ? be->ops->mem_free(be) : 0;
+            if (fr && fr < model_seq_bytes(m) + ((size_t)2 << 30)) break;
+            struct model_seq *s = model_seq_create(m);
+            if (!s) break;
+            seqs[n_seqs++] = s;
+        }
+        if (n_seqs < B) {
+            fprintf(stderr, "strata bench: --batch %d: only %d sequences fit\n", B, n_seqs);
+            break;
+        }
+        struct error err = {{0}};
+        int32_t tok[MODEL_MAX_BATCH], ids[64];
+        for (int b = 0; b < B; b++) {
+            model_seq_use(m, seqs[b]);
+            model_reset(m);
+            random_ids(ids, 64, V);
+            if (model_prefill(m, ids, 64, NULL, &err) != 0) {
+                fprintf(stderr, "strata bench: %s\n", err.msg);
+                return 1;
+            }
+            tok[b] = model_argmax(m);
+        }
+        double t0 = 0;
+        for (int st = 0; st < 36; st++) { /* 4 untimed: shapes, first use */
+            if (st == 4) t0 = now_ms();
+            if (model_step_rows(m, seqs, tok, B) != 0) return 1;
+            for (int b = 0; b < B; b++) model_row_argmax(m, b);
+            model_row_choices(m, B, tok);
+        }
+        const double ms = (now_ms() - t0) / 32;
+        if (B == 1) one = 1000 / ms;
+        printf("| %d | %.0f | %.1f | %.3f | %s%.2fx |\n", B, B * 1000 / ms, 1000 / ms, ms,
+               one > 0 ? "" : "(no B = 1) ", one > 0 ? B * 1000 / ms / one : 0.0);
+        last_B = B;
+    }
+#ifdef STRATA_CUDA
+    if (is_cuda(m) && last_B > 0) {
+        int32_t tok[MODEL_MAX_BATCH] = {0};
+        printf("\nper-op time of one batched step, B = %d:\n\n", last_B);
+        backend_cuda_profile(be, 1);
+        for (int st = 0; st < 3; st++) {
+            model_step_rows(m, seqs, tok, last_B);
+            for (int b = 0; b < last_B; b++) model_row_argmax(m, b);
+            model_row_choices(m, last_B, tok);
+        }
+        backend_cuda_profile_report(be, stdout, 3);
+        backend_cuda_profile(be, 0);
+    }
+#endif
+    (void)last_B;
+    return 0;
+}
+
 /* An option's integer value in [lo, hi]: 0, or -1 with a message naming the option. */
 int cmd_bench(int argc, char **argv) {
     const char *dir = NULL;
     struct model_options opt = {0};
     int long_ctx = 1, reps = 5, tg_only = 0, at = 0;
     const char *pp_at = NULL; /* "P:N,P:N": prefill N tokens after P (the prefix cache's resume) */
+    const char *batch = NULL; /* "1,2,4": batched decode of that many sequences */
     opt.ctx = 33280; /* room for the 32k-context measurement */
     opt.backend = BACKEND_AUTO;
     for (int i = 0; i < argc; i++) {
@@ -136,6 +212,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--short")) long_ctx = 0;
         else if (!strcmp(a, "--tg-only")) tg_only = 1, long_ctx = 0;
         else if (!strcmp(a, "--pp-at") && v) pp_at = v, i++;
+        else if (!strcmp(a, "--batch") && v) batch = v, i++;
         else if (!strcmp(a, "--backend") && v) {
             opt.backend = !strcmp(v, "cpu") ? BACKEND_CPU : !strcmp(v, "cuda") ? BACKEND_CUDA
                                                                                : BACKEND_AUTO;
@@ -146,7 +223,8 @@ int cmd_bench(int argc, char **argv) {
                     "usage: strata bench [--model DIR] [--backend cpu|cuda] [--ctx N] "
                     "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)] "
                     "[--at N (decode at a context of N tokens alone)] "
-                    "[--pp-at P:N[,P:N...] (prefill of N tokens after P, first token chosen)]\n");
+                    "[--pp-at P:N[,P:N...] (prefill of N tokens after P, first token chosen)] "
+                    "[--batch B[,B...] (batched decode of B sequences alone)]\n");
             return help ? 0 : 2;
         }
     }
@@ -190,6 +268,11 @@ int cmd_bench(int argc, char **argv) {
     }
 
     double v[32];
+    if (batch) {
+        const int rc = bench_batch(m, batch);
+        model_free(m);
+        return rc;
+    }
     if (pp_at) { /* what a resumed prompt costs without the cache's part: N new tokens at P */
         for (const char *q = pp_at; *q;) {
             int P = -1, N = -1, used = 0;

@@ -38,6 +38,8 @@ static void serve_usage(FILE *f) {
                "                    [--api-key-file PATH | --api-key KEY] (or STRATA_API_KEY)\n"
                "                    [--backend cpu|cuda|auto] [--threads N]\n"
                "                    [--alias NAME] [--queue N] [--max-body BYTES] [--quiet]\n"
+               "                    [--parallel N]  (requests generated at once, batched; default\n"
+               "                    as many as the prefix cache's sequences, at most 64)\n"
                "                    [--log-format text|json]  (a line per request on stderr)\n"
                "                    [--no-prefix-cache] [--cache-mem SIZE]  (bytes, or 512M, 8G: the\n"
                "                    prefix cache's memory; default half the device memory left)\n"
@@ -99,6 +101,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--api-key-file") && v) key_file = argv[++i], n_key_sources++;
         else if (!strcmp(a, "--alias") && v) o.model_name = v, i++;
         else if (!strcmp(a, "--queue") && v) bad = cli_int("serve", a, v, 1, 1 << 20, &o.queue_max), i++;
+        else if (!strcmp(a, "--parallel") && v) bad = cli_int("serve", a, v, 1, 64, &o.parallel), i++;
         else if (!strcmp(a, "--max-body") && v) o.max_body_bytes = strtoull(v, NULL, 10), i++;
         else if (!strcmp(a, "--cors-origin") && v) cors[o.n_cors_origins++] = v, i++;
         else if (!strcmp(a, "--allowed-host") && v) hosts[o.n_allowed_hosts++] = v, i++;

@@ -11,16 +11,29 @@
 #include <string.h>
 #include <unistd.h>
 
+/* A prompt being fed into a slot's sequence (cache_feed_begin .. cache_feed_some). */
+struct ckpt;
+struct feed {
+    const int32_t *prompt;
+    int n, pos;            /* prompt tokens; fed so far */
+    int at[64], k, i;      /* checkpoint positions claimed, the next to fill */
+    struct ckpt *cks[64];
+    struct ckpt *end_ck;   /* the end of the prompt's, or NULL */
+};
+
 struct slot {
     struct model_seq *seq;
     int32_t *tok; /* (ctx,) the tokens the sequence holds, in order */
     int n_tok;
     uint64_t used;
+    int pinned;   /* an active request's: never taken, cut or extended by another */
+    struct feed feed;
 };
 
 struct ckpt {
     struct model_ckpt *ck;
     int owner; /* slot index, -1: free */
+    int busy;  /* claimed by a feed in progress: not taken */
     uint64_t used;
 };
 
@@ -90,14 +103,15 @@ void cache_free(struct cache *c) {
 
 static void drop_ckpts(struct cache *c, int slot, int above) { /* those of slot past `above` */
     for (int i = 0; i < c->n_cks; i++)
-        if (c->cks[i].owner == slot && model_ckpt_pos(c->cks[i].ck) > above) c->cks[i].owner = -1;
+        if (c->cks[i].owner == slot && !c->cks[i].busy && model_ckpt_pos(c->cks[i].ck) > above)
+            c->cks[i].owner = -1;
 }
 
 /* A slot to hold a new prefix, never `keep`: an empty one, else the least recently used. */
 static int take_slot(struct cache *c, int keep) {
     int best = -1;
     for (int i = 0; i < c->n_slots; i++) {
-        if (i == keep) continue;
+        if (i == keep || c->slots[i].pinned) continue;
         if (c->slots[i].n_tok == 0) return i;
         if (best < 0 || c->slots[i].used < c->slots[best].used) best = i;
     }
@@ -131,12 +145,12 @@ int cache_prepare(struct cache *c, const int32_t *prompt, int n) {
         if (L == 0) continue;
         /* the live state: the prompt extends all the sequence holds (with the logits current
          * when nothing is left to feed) */
-        if (L == sl->n_tok && (L < n || (s == c->cur && model_logits_current(m))) &&
+        if (!sl->pinned && L == sl->n_tok && (L < n || (s == c->cur && model_logits_current(m))) &&
             (L > best_r || (L == best_r && best_ck >= 0) || (L == best_r && sl->used > best_used))) {
             best_r = L, best_slot = s, best_ck = -1, best_used = sl->used;
         }
         for (int i = 0; i < c->n_cks; i++) {
-            if (c->cks[i].owner != s) continue;
+            if (c->cks[i].owner != s || c->cks[i].busy) continue;
             const int p = model_ckpt_pos(c->cks[i].ck);
             if (p > L || (p == n && !model_ckpt_has_logits(c->cks[i].ck))) continue;
             if (p > best_r || (p == best_r && best_slot >= 0 && best_ck >= 0 && sl->used > best_used))
@@ -145,8 +159,8 @@ int cache_prepare(struct cache *c, const int32_t *prompt, int n) {
     }
     const uint64_t now = ++c->clock;
     if (best_r == 0) { /* a miss: a fresh sequence, taken from the least recently used */
-        int s = c->slots[c->cur].n_tok == 0 ? c->cur : take_slot(c, -1);
-        if (s < 0) s = 0;
+        int s = c->slots[c->cur].n_tok == 0 && !c->slots[c->cur].pinned ? c->cur : take_slot(c, -1);
+        CHECK(s >= 0); /* the caller pins fewer sequences than there are */
         drop_ckpts(c, s, -1);
         c->slots[s].n_tok = 0;
         c->slots[s].used = now;
@@ -166,7 +180,9 @@ int cache_prepare(struct cache *c, const int32_t *prompt, int n) {
     struct ckpt *ck = &c->cks[best_ck];
     ck->used = now;
     const int p = best_r;
-    int d = S->n_tok > p ? take_slot(c, best_slot) : -1;
+    /* a sequence another request is using is forked from, never cut */
+    int d = S->n_tok > p || S->pinned ? take_slot(c, best_slot) : -1;
+    CHECK(d >= 0 || !S->pinned);
     if (d >= 0) {
         /* fork: the prefix to another sequence, so this one keeps what it holds past p; the
          * checkpoints up to p go with the fork (the fresher of the two) */
@@ -195,7 +211,7 @@ static struct ckpt *take_ckpt(struct cache *c, uint64_t floor) {
     for (int i = 0; i < c->n_cks; i++) {
         struct ckpt *k = &c->cks[i];
         if (k->owner < 0) return k;
-        if (k->used >= floor) continue;
+        if (k->used >= floor || k->busy) continue;
         if (!best || k->used < best->used) best = k;
     }
     if (best) c->st.evictions++;
@@ -208,11 +224,22 @@ static void record(struct cache *c, const int32_t *ids, int n) {
     S->n_tok += n;
 }
 
-int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
-                      int (*cancel)(void *), void *cancel_arg, struct error *err) {
+/* Releases the checkpoints a feed claimed and did not fill. */
+static void feed_release(struct feed *f) {
+    for (int q = f->i; q < f->k; q++) f->cks[q]->owner = -1, f->cks[q]->busy = 0;
+    if (f->end_ck) f->end_ck->owner = -1, f->end_ck->busy = 0;
+    f->k = f->i = 0;
+    f->end_ck = NULL;
+    f->prompt = NULL;
+}
+
+void cache_feed_begin(struct cache *c, const int32_t *prompt, int n, int r) {
     struct model *m = c->m;
+    struct feed *f = &c->slots[c->cur].feed;
     CHECK(r >= 0 && r <= n && c->slots[c->cur].n_tok == r && model_pos(m) == r);
-    if (r == n) return 0; /* resumed with the prompt's logits */
+    memset(f, 0, sizeof *f);
+    f->prompt = prompt, f->n = n, f->pos = r;
+    if (r == n) return; /* resumed with the prompt's logits */
     /* where to checkpoint in (r, n): the first message boundary and the last two, every
      * `every` tokens (positions), in order */
     int at[64], n_at = 0;
@@ -226,7 +253,7 @@ int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
     /* the backend takes them where its prefill computes the states anyway (CUDA: every 64th
      * token of a call, and calls start at r): each goes back to the last such point, so resuming
      * there re-feeds up to 63 tokens more than the boundary would */
-    const int A = model_backend(m)->snap_align > 0 ? model_backend(m)->snap_align : 1;
+    const int A = cache_align(c);
     for (int q = r + 1; q < n && n_at < 60; q++) {
         if (q != first && q != last1 && q != last2 && q % c->p.every != 0) continue;
         const int qa = r + (q - r) / A * A;
@@ -238,8 +265,8 @@ int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
     /* claimed in the order of their worth when the pool is short: the end of the prompt, the
      * last boundary, the one before, the first, then the rest from the end */
     const uint64_t floor = c->clock;
-    struct ckpt *end_ck = take_ckpt(c, floor);
-    if (end_ck) end_ck->owner = c->cur, end_ck->used = ++c->clock;
+    f->end_ck = take_ckpt(c, floor);
+    if (f->end_ck) f->end_ck->owner = c->cur, f->end_ck->busy = 1, f->end_ck->used = ++c->clock;
     int want[64], n_want = 0;
     for (int pass = 0; pass < 4; pass++)
         for (int i = n_at - 1; i >= 0; i--) {
@@ -247,75 +274,126 @@ int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
             const int cls = q == last1 ? 0 : q == last2 ? 1 : q == first ? 2 : 3;
             if (cls == pass) want[n_want++] = i;
         }
-    struct model_ckpt *cks[64];
     struct ckpt *slots[64];
     int got[64] = {0};
     for (int w = 0; w < n_want; w++) {
         struct ckpt *e = take_ckpt(c, floor);
         if (!e) break;
         e->owner = c->cur; /* claimed (its position is set by the feed) */
+        e->busy = 1;
         e->used = ++c->clock;
         got[want[w]] = 1;
         slots[want[w]] = e;
     }
-    int k = 0;
     for (int i = 0; i < n_at; i++)
         if (got[i]) {
-            slots[k] = slots[i];
-            cks[k] = slots[i]->ck;
-            at[k++] = at[i];
+            f->cks[f->k] = slots[i];
+            f->at[f->k++] = at[i];
         }
-    /* feed in pieces of at most 8 checkpoints, so that a cancel lands between pieces */
-    int pos = r;
-    for (int i = 0; pos < n;) {
-        if (cancel && cancel(cancel_arg)) {
-            for (; i < k; i++) slots[i]->owner = -1; /* never filled */
-            if (end_ck) end_ck->owner = -1;
-            return 1;
+}
+
+int cache_align(const struct cache *c) {
+    const int A = model_backend(c->m)->snap_align;
+    return A > 0 ? A : 1;
+}
+
+int cache_feed_some(struct cache *c, int max_tokens, struct error *err) {
+    struct model *m = c->m;
+    struct feed *f = &c->slots[c->cur].feed;
+    CHECK(f->prompt && model_pos(m) == f->pos);
+    if (f->pos < f->n) {
+        /* a piece: up to 8 checkpoints (it then ends at its last), at most max_tokens (a
+         * multiple of the alignment, so the checkpoints after it stay where the backend takes
+         * them) */
+        const int A = cache_align(c);
+        int j = f->i, end = f->n;
+        while (j < f->k && j - f->i < BACKEND_MAX_SNAPS) j++;
+        if (j < f->k) end = f->at[j - 1];
+        if (max_tokens > 0) {
+            const int cap = max_tokens < A ? A : max_tokens / A * A;
+            if (end - f->pos > cap) end = f->pos + cap;
+            while (j > f->i && f->at[j - 1] > end) j--;
         }
-        int j = i, end = n;
-        while (j < k && j - i < BACKEND_MAX_SNAPS) j++;
-        if (j < k) end = at[j - 1]; /* more follow: this piece ends at its last checkpoint */
         int rel[BACKEND_MAX_SNAPS];
-        for (int q = i; q < j; q++) rel[q - i] = at[q] - pos;
-        if (model_prefill_ckpt(m, prompt + pos, end - pos, cks + i, rel, j - i, err) != 0) {
-            for (int q = i; q < k; q++) slots[q]->owner = -1;
-            if (end_ck) end_ck->owner = -1;
+        struct model_ckpt *cks[BACKEND_MAX_SNAPS];
+        for (int q = f->i; q < j; q++) rel[q - f->i] = f->at[q] - f->pos, cks[q - f->i] = f->cks[q]->ck;
+        if (model_prefill_ckpt(m, f->prompt + f->pos, end - f->pos, cks, rel, j - f->i, err) != 0) {
+            feed_release(f);
             /* the state is unknown after a failed feed: forget the sequence */
             drop_ckpts(c, c->cur, -1);
             c->slots[c->cur].n_tok = 0;
             model_reset(m);
             return -1;
         }
-        record(c, prompt + pos, end - pos);
-        c->st.ckpts_taken += j - i;
-        c->st.tokens_fed += end - pos;
-        pos = end;
-        i = j;
+        record(c, f->prompt + f->pos, end - f->pos);
+        for (int q = f->i; q < j; q++) f->cks[q]->busy = 0;
+        c->st.ckpts_taken += j - f->i;
+        c->st.tokens_fed += end - f->pos;
+        f->pos = end;
+        f->i = j;
+        if (f->pos < f->n) return 1;
     }
     /* the end of the prompt, with its logits */
-    if (end_ck) {
-        model_ckpt_take(m, end_ck->ck, 1);
+    if (f->end_ck) {
+        model_ckpt_take(m, f->end_ck->ck, 1);
+        f->end_ck->busy = 0;
+        f->end_ck = NULL;
         c->st.ckpts_taken++;
     }
+    f->prompt = NULL;
     return 0;
 }
 
-void cache_push(struct cache *c, int32_t id) {
-    struct slot *S = &c->slots[c->cur];
+void cache_feed_abort(struct cache *c) { feed_release(&c->slots[c->cur].feed); }
+
+int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
+                      int (*cancel)(void *), void *cancel_arg, struct error *err) {
+    cache_feed_begin(c, prompt, n, r);
+    for (;;) {
+        if (n > r && cancel && cancel(cancel_arg)) {
+            cache_feed_abort(c);
+            return 1;
+        }
+        const int rc = cache_feed_some(c, 0, err);
+        if (rc <= 0) return rc;
+    }
+}
+
+int cache_slot(const struct cache *c) { return c->cur; }
+
+void cache_use(struct cache *c, int slot) {
+    CHECK(slot >= 0 && slot < c->n_slots);
+    use_slot(c, slot);
+}
+
+void cache_pin(struct cache *c, int slot, int on) {
+    CHECK(slot >= 0 && slot < c->n_slots);
+    c->slots[slot].pinned = on;
+}
+
+int cache_n_slots(const struct cache *c) { return c->n_slots; }
+
+struct model_seq *cache_seq(const struct cache *c, int slot) { return c->slots[slot].seq; }
+
+void cache_push_to(struct cache *c, int slot, int32_t id) {
+    struct slot *S = &c->slots[slot];
     if (S->n_tok < model_ctx(c->m)) S->tok[S->n_tok++] = id;
 }
+
+void cache_push(struct cache *c, int32_t id) { cache_push_to(c, c->cur, id); }
 
 int cache_tokens(const struct cache *c, const int32_t **ids) {
     if (ids) *ids = c->slots[c->cur].tok;
     return c->slots[c->cur].n_tok;
 }
 
-void cache_clear(struct cache *c) {
-    for (int i = 0; i < c->n_cks; i++) c->cks[i].owner = -1;
-    for (int i = 0; i < c->n_slots; i++) c->slots[i].n_tok = 0;
-    use_slot(c, 0);
-    model_reset(c->m);
+void cache_clear(struct cache *c) { /* what active requests use stays */
+    for (int i = 0; i < c->n_slots; i++)
+        if (!c->slots[i].pinned) {
+            drop_ckpts(c, i, -1);
+            c->slots[i].n_tok = 0;
+        }
+    if (!c->slots[c->cur].pinned) model_reset(c->m);
 }
 
 void cache_get_stats(const struct cache *c, struct cache_stats *out) {

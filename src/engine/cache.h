@@ -68,13 +68,38 @@ int cache_prepare(struct cache *c, const int32_t *prompt, int n);
 int cache_feed_prompt(struct cache *c, const int32_t *prompt, int n, int r,
                       int (*cancel)(void *), void *cancel_arg, struct error *err);
 
-/* A token the model state took after the prompt (generation). */
+/* The same in steps, so that a long prompt can be fed between the decode steps of others:
+ * cache_feed_begin plans the checkpoints of the current slot's feed (claiming them);
+ * cache_feed_some (with that slot current) feeds the next piece of at most max_tokens (0: no
+ * limit; rounded down to the backend's checkpoint alignment, cache_align) and returns 1 while
+ * tokens are left, 0 when the prompt is in with its logits (the end checkpoint taken), -1 on
+ * error (the sequence forgotten); cache_feed_abort gives back what it claimed and did not fill
+ * (a cancel: the state holds the pieces fed, recorded). */
+void cache_feed_begin(struct cache *c, const int32_t *prompt, int n, int r);
+int cache_feed_some(struct cache *c, int max_tokens, struct error *err);
+void cache_feed_abort(struct cache *c);
+int cache_align(const struct cache *c);
+
+/* Slots: the sequences the cache manages, by index. cache_prepare leaves its choice current
+ * (cache_slot); a caller running several requests at once pins each request's slot while it
+ * runs (never taken, cut back or extended by another prompt; another may fork its prefix) and
+ * makes it current (cache_use) before feeding it. At most cache_n_slots - 1 may be pinned when
+ * cache_prepare runs. */
+int cache_slot(const struct cache *c);
+void cache_use(struct cache *c, int slot);
+void cache_pin(struct cache *c, int slot, int on);
+int cache_n_slots(const struct cache *c);
+struct model_seq *cache_seq(const struct cache *c, int slot);
+
+/* A token the model state took after the prompt (generation): of the current slot, or of
+ * `slot`. */
 void cache_push(struct cache *c, int32_t id);
+void cache_push_to(struct cache *c, int slot, int32_t id);
 
 /* The tokens the current sequence holds. */
 int cache_tokens(const struct cache *c, const int32_t **ids);
 
-/* Forgets everything (every sequence reset, every checkpoint dropped). */
+/* Forgets everything but the pinned slots (their sequences and checkpoints stay). */
 void cache_clear(struct cache *c);
 
 void cache_get_stats(const struct cache *c, struct cache_stats *out);

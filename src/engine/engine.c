@@ -14,6 +14,8 @@
 #include "engine.h"
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,44 @@
 #include "text/grammar.h"
 #include "text/tokenizer.h"
 
+/* A request being run: its own sampler, detokenizer, pending text and place in the model. */
+enum { SLOT_FREE, SLOT_PREFILL, SLOT_DECODE };
+enum { AT_CUR, AT_ROW, AT_PENDING }; /* a decoding slot's logits: the model's current ones, a row
+                                        of the last batched step, or a token still to be fed */
+struct submission;
+struct slot {
+    int state;
+    struct submission *sub;
+    const struct engine_request *r;
+    struct engine_result *res;
+    int cslot;               /* the cache's slot (the sequence) */
+    struct model_seq *seq;
+    struct sampler *smp;
+    struct detok dt;
+    char *piece;             /* (detok_max_out,) detokenizer output of one token */
+    char *pending;           /* text not yet released (possible stop-string prefix) */
+    size_t pending_len, pending_cap;
+    uint64_t *mask;          /* ((vocab_size + 63) / 64,) a grammar's allowed tokens */
+    float chosen_lp;         /* logprobs of the step's raw logits */
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_lp[ENGINE_MAX_TOP_LOGPROBS];
+    int n_top;
+    int greedy_plain, dev_sample, dev_ahead;
+    int reuse, n_gen, at, row;
+    int32_t pend;            /* AT_PENDING: the token to feed */
+    enum engine_finish finish;
+    double t0, t_prep, t_fed, t1;
+    uint64_t order;          /* admission order: prefills go oldest first */
+};
+
+/* A request handed to the engine: by engine_generate's caller, waiting for done. */
+struct submission {
+    const struct engine_request *r;
+    struct engine_result *res;
+    int done;
+    struct submission *next;
+};
+
 struct engine {
     struct model *m;
     struct tokenizer *tok;
@@ -29,20 +69,23 @@ struct engine {
     int32_t eos[ENGINE_MAX_EOS];
     int n_eos;
     float *logits;  /* (vocab_size,) host copy for the sampler */
-    char *piece;    /* (detok_max_out,) detokenizer output of one token */
     size_t piece_cap;
-    char *pending;  /* text not yet released (possible stop-string prefix) */
-    size_t pending_len, pending_cap;
     int prefix_reuse;
     int run_ahead;  /* queue the next step before handling a token's text (engine_set_run_ahead) */
     struct cache *cache; /* the prefix cache: which tokens each sequence holds */
     int32_t boundary_id; /* <|im_start|>, or -1: where the cache checkpoints a prompt */
-    uint64_t *mask;      /* ((vocab_size + 63) / 64,) a grammar's allowed tokens, bit per id */
-    /* logprobs of the step's raw logits: the chosen token's, the top tokens' */
-    float chosen_lp;
-    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
-    float top_lp[ENGINE_MAX_TOP_LOGPROBS];
-    int n_top;
+    struct slot slots[MODEL_MAX_BATCH];
+    int n_active, parallel, max_active;
+    int prefill_chunk;   /* tokens of a prompt fed between two decode steps of others */
+    uint64_t order;
+    /* the submission queue (engine_generate from other threads while engine_run steps) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* a submission queued, or engine_run asked to stop */
+    pthread_cond_t done_cv; /* a submission done */
+    struct submission *q_head, *q_tail;
+    atomic_int queued;      /* submissions waiting: the solo loop yields to them */
+    int serving;            /* engine_run is stepping on its thread */
+    struct cache_stats stats; /* the cache's, as of the last request's end (mu) */
 };
 
 const char *engine_finish_name(enum engine_finish f) {
@@ -76,22 +119,29 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
     e->prefix_reuse = 1;
     e->run_ahead = model_async(m);
     e->boundary_id = tok ? tokenizer_token_id(tok, "<|im_start|>") : -1;
+    e->prefill_chunk = model_async(m) ? 1024 : 256;
+    if (tok) e->piece_cap = detok_max_out(tok);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
     /* until engine_set_cache: the model's one sequence and a few checkpoints */
     engine_set_cache(e, 4 * model_ckpt_bytes(m));
-    if (tok) {
-        e->piece_cap = detok_max_out(tok);
-        e->piece = xmalloc(e->piece_cap);
-    }
     return e;
 }
 
 void engine_free(struct engine *e) {
     if (!e) return;
+    CHECK(e->n_active == 0);
     free(e->logits);
-    free(e->mask);
-    free(e->piece);
+    for (int i = 0; i < MODEL_MAX_BATCH; i++) {
+        free(e->slots[i].mask);
+        free(e->slots[i].piece);
+        free(e->slots[i].pending);
+    }
     cache_free(e->cache);
-    free(e->pending);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->done_cv);
     free(e);
 }
 
@@ -99,14 +149,33 @@ struct model *engine_model(struct engine *e) { return e->m; }
 
 void engine_set_prefix_reuse(struct engine *e, int on) { e->prefix_reuse = on; }
 
+static void update_max_active(struct engine *e) {
+    int n = cache_n_slots(e->cache);
+    if (n > MODEL_MAX_BATCH) n = MODEL_MAX_BATCH;
+    if (e->parallel > 0 && e->parallel < n) n = e->parallel;
+    e->max_active = n;
+}
+
 void engine_set_cache(struct engine *e, size_t budget_bytes) {
+    CHECK(e->n_active == 0);
     cache_free(e->cache);
     struct cache_params p = {budget_bytes, 0, e->boundary_id};
     e->cache = cache_create(e->m, &p);
+    cache_get_stats(e->cache, &e->stats);
+    update_max_active(e);
 }
 
-void engine_cache_stats(const struct engine *e, struct cache_stats *out) {
-    cache_get_stats(e->cache, out);
+void engine_set_parallel(struct engine *e, int n) {
+    e->parallel = n;
+    update_max_active(e);
+}
+int engine_parallel(const struct engine *e) { return e->max_active; }
+
+void engine_cache_stats(struct engine *e, struct cache_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    if (!e->serving) cache_get_stats(e->cache, &e->stats);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
 }
 void engine_set_run_ahead(struct engine *e, int on) { e->run_ahead = on; }
 
@@ -118,22 +187,39 @@ void engine_warmup(struct engine *e) {
     const int ctx = model_ctx(e->m);
     int32_t *ids = xmalloc(2048 * sizeof *ids);
     for (int i = 0; i < 2048; i++) ids[i] = (int32_t)((100 + 7919LL * i) % e->vocab_size);
+    struct engine_request rq[MODEL_MAX_BATCH];
+    struct engine_result res[MODEL_MAX_BATCH];
+    struct error err[MODEL_MAX_BATCH];
+    memset(rq, 0, sizeof rq);
+    for (int i = 0; i < MODEL_MAX_BATCH; i++) {
+        rq[i].prompt = ids + i;
+        rq[i].n_prompt = 9;
+        rq[i].max_tokens = 3;
+        rq[i].ignore_eos = 1;
+        sampler_params_default(&rq[i].sampling);
+        rq[i].sampling.temperature = 0.0f;
+    }
     for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
         if (lens[k] + 8 > ctx) continue;
         for (int smp = 0; smp < (lens[k] == 64 ? 2 : 1); smp++) {
-            struct engine_request rq;
-            memset(&rq, 0, sizeof rq);
-            rq.prompt = ids;
-            rq.n_prompt = lens[k];
-            rq.max_tokens = 3;
-            rq.ignore_eos = 1;
-            sampler_params_default(&rq.sampling);
-            rq.sampling.temperature = smp ? 0.7f : 0.0f;
-            rq.sampling.top_k = smp ? 20 : 0;
-            struct engine_result res;
-            struct error err = {{0}};
-            (void)engine_generate(e, &rq, &res, &err);
+            rq[0].n_prompt = lens[k];
+            rq[0].sampling.temperature = smp ? 0.7f : 0.0f;
+            rq[0].sampling.top_k = smp ? 20 : 0;
+            (void)engine_generate_many(e, rq, res, err, 1);
         }
+    }
+    /* batched steps of every size up to the parallel limit (their GEMM shapes): requests that
+     * end one step apart, half of them sampled */
+    const int P = e->max_active;
+    if (P > 1 && 16 + P + 8 <= ctx) {
+        for (int i = 0; i < P; i++) {
+            rq[i].prompt = ids + 3 * i;
+            rq[i].n_prompt = 16;
+            rq[i].max_tokens = 2 + P - i;
+            rq[i].sampling.temperature = i % 2 ? 0.7f : 0.0f;
+            rq[i].sampling.top_k = i % 2 ? 20 : 0;
+        }
+        (void)engine_generate_many(e, rq, res, err, P);
     }
     free(ids);
     cache_clear(e->cache); /* the warm-up leaves nothing behind */
@@ -160,31 +246,37 @@ int engine_n_eos(const struct engine *e, const int32_t **ids) {
     return e->n_eos;
 }
 
-/* Steps the model on a generated token and records it in the cache (the tokens the state
- * holds). */
-static int feed(struct engine *e, int32_t id) {
+/* Makes slot s's sequence the model's (and the cache's) current one. */
+static void use(struct engine *e, struct slot *s) {
+    cache_use(e->cache, s->cslot);
+}
+
+/* Steps the model on a generated token of s (its sequence current) and records it in the
+ * cache (the tokens the state holds). */
+static int feed(struct engine *e, struct slot *s, int32_t id) {
     if (model_step(e->m, id) != 0) return -1;
-    cache_push(e->cache, id);
+    cache_push_to(e->cache, s->cslot, id);
     return 0;
 }
 
 /* Constrained decoding: the grammar's allowed tokens at this step (bit per id), or NULL for an
  * empty mask, which a correct grammar never gives (then nothing is masked rather than the
  * request ended); the tokens left (max_tokens, the context) are its budget. */
-static const uint64_t *grammar_mask_of_step(struct engine *e, const struct engine_request *r, int n_gen) {
+static const uint64_t *grammar_mask_of_step(struct engine *e, struct slot *s) {
+    const struct engine_request *r = s->r;
     const int V = e->vocab_size;
     CHECK(grammar_matcher_n_tokens(r->grammar) == V);
-    if (!e->mask) e->mask = xmalloc(((size_t)V + 63) / 64 * sizeof *e->mask);
-    long left = r->max_tokens > 0 ? (long)r->max_tokens - n_gen : INT_MAX;
-    long ctx_left = (long)model_ctx(e->m) - model_pos(e->m) + 1;
+    if (!s->mask) s->mask = xmalloc(((size_t)V + 63) / 64 * sizeof *s->mask);
+    long left = r->max_tokens > 0 ? (long)r->max_tokens - s->n_gen : INT_MAX;
+    long ctx_left = (long)model_ctx(e->m) - model_seq_pos(s->seq) + 1;
     if (ctx_left < left) left = ctx_left;
-    return grammar_matcher_mask(r->grammar, e->mask, left > INT_MAX ? INT_MAX : (int)left) ? e->mask : NULL;
+    return grammar_matcher_mask(r->grammar, s->mask, left > INT_MAX ? INT_MAX : (int)left) ? s->mask : NULL;
 }
 
 /* ... applied to the host's logits: -inf where not allowed */
-static void grammar_mask_logits(struct engine *e, const struct engine_request *r, int n_gen) {
+static void grammar_mask_logits(struct engine *e, struct slot *s) {
     const int V = e->vocab_size;
-    const uint64_t *mask = grammar_mask_of_step(e, r, n_gen);
+    const uint64_t *mask = grammar_mask_of_step(e, s);
     for (int w = 0; mask && w * 64 < V; w++) {
         uint64_t b = mask[w];
         if (b == ~0ull) continue;
@@ -195,20 +287,23 @@ static void grammar_mask_logits(struct engine *e, const struct engine_request *r
 
 /* logprobs of the chosen token and the r->top_logprobs most likely ones, from the raw logits of
  * this step (before penalties, temperature and any mask), computed on the backend
- * (model_logprobs: the host reads 2 + 2k floats) */
-static void logprobs_of_step(struct engine *e, const struct engine_request *r, int32_t id) {
+ * (model_logprobs: the host reads 2 + 2k floats); row < 0: the current logits */
+static void logprobs_of_step(struct engine *e, struct slot *s, int row, int32_t id) {
+    const struct engine_request *r = s->r;
     const int k = r->top_logprobs < ENGINE_MAX_TOP_LOGPROBS ? r->top_logprobs : ENGINE_MAX_TOP_LOGPROBS;
     float lse = 0, chosen = 0;
-    CHECK(model_logprobs(e->m, k, id, &lse, &chosen, e->top_ids, e->top_lp) == 0);
-    e->chosen_lp = chosen - lse;
-    for (int i = 0; i < k; i++) e->top_lp[i] -= lse;
-    e->n_top = k;
+    if (row < 0)
+        CHECK(model_logprobs(e->m, k, id, &lse, &chosen, s->top_ids, s->top_lp) == 0);
+    else
+        CHECK(model_row_logprobs(e->m, row, k, id, &lse, &chosen, s->top_ids, s->top_lp) == 0);
+    s->chosen_lp = chosen - lse;
+    for (int i = 0; i < k; i++) s->top_lp[i] -= lse;
+    s->n_top = k;
 }
 
 static int cancelled(const struct engine_request *r) {
     return r->cancel && atomic_load(r->cancel);
 }
-static int cancel_cb(void *arg) { return cancelled(arg); }
 
 static int is_eos(const struct engine *e, int32_t id) {
     for (int i = 0; i < e->n_eos; i++)
@@ -244,27 +339,22 @@ size_t engine_stop_scan(const char *text, size_t len, const char *const *stop, i
     return len - hold;
 }
 
-static void pending_append(struct engine *e, const char *s, size_t n) {
-    if (e->pending_len + n + 1 > e->pending_cap) {
-        e->pending_cap = (e->pending_len + n + 1) * 2;
-        e->pending = xrealloc(e->pending, e->pending_cap);
+static void pending_append(struct slot *s, const char *p, size_t n) {
+    if (s->pending_len + n + 1 > s->pending_cap) {
+        s->pending_cap = (s->pending_len + n + 1) * 2;
+        s->pending = xrealloc(s->pending, s->pending_cap);
     }
-    memcpy(e->pending + e->pending_len, s, n);
-    e->pending_len += n;
+    memcpy(s->pending + s->pending_len, p, n);
+    s->pending_len += n;
 }
 
-static void pending_consume(struct engine *e, size_t n) {
-    memmove(e->pending, e->pending + n, e->pending_len - n);
-    e->pending_len -= n;
+static void pending_consume(struct slot *s, size_t n) {
+    memmove(s->pending, s->pending + n, s->pending_len - n);
+    s->pending_len -= n;
 }
 
-
-int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,
-                    struct error *err) {
-    memset(res, 0, sizeof *res);
-    res->stop_token = -1;
-    res->stop_index = -1;
-    res->n_prompt = r->n_prompt;
+/* Checks a request before it is queued: the caller's 400. */
+static int validate(const struct engine *e, const struct engine_request *r, struct error *err) {
     const int ctx = model_ctx(e->m);
     if (r->n_prompt <= 0) return error_set(err, "the prompt is empty");
     if (r->n_prompt >= ctx)
@@ -277,164 +367,451 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
                              "(0..%d)", r->prompt[i], i, e->vocab_size - 1);
     CHECK(r->n_stop >= 0 && r->n_stop <= ENGINE_MAX_STOP);
     CHECK(r->n_stop == 0 || e->tok);
+    return 0;
+}
 
-    double t0 = now_ms();
-    if (cancelled(r)) {
-        res->finish = ENGINE_FINISH_CANCELLED;
-        return 0;
-    }
+/* ---- a slot's life ------------------------------------------------------------------------ */
 
-    struct sampler *smp = sampler_create(e->vocab_size, &r->sampling);
-    sampler_add_prompt(smp, r->prompt, r->n_prompt);
-    const int greedy_plain = sampler_is_greedy_plain(smp) && !r->grammar && !r->logprobs;
-    struct detok dt;
-    if (e->tok) {
-        detok_init(&dt, e->tok);
-        dt.skip_special = 1;
-    }
-    e->pending_len = 0;
+static void slot_finish(struct engine *e, struct slot *s);
+static void prefill_some(struct engine *e, struct slot *s, int chunk);
 
-    if (!e->prefix_reuse) cache_clear(e->cache);
-    const int reuse = cache_prepare(e->cache, r->prompt, r->n_prompt);
-    const double t_prep = now_ms();
-    const int fr = cache_feed_prompt(e->cache, r->prompt, r->n_prompt, reuse, cancel_cb,
-                                     (void *)r, err);
-    const double t_fed = now_ms();
-    if (fr != 0) {
-        sampler_free(smp);
-        if (fr < 0) return -1;
-        res->finish = ENGINE_FINISH_CANCELLED; /* between pieces of the prompt */
-        res->timings.cache_n = reuse;
-        return 0;
-    }
-
-    /* the draw on the backend when it takes these parameters (model_sample_begin), a grammar's
-     * mask with it (model_sample_mask); greedy with penalties, bias, a grammar or logprobs is
-     * its top_k 1 (the argmax of the processed logits, lowest id on ties, as the sampler's) */
-    int dev_sample = 0;
-    if (!greedy_plain) {
+/* The draw on the backend when it takes these parameters (model_sample_begin), a grammar's
+ * mask with it (model_sample_mask); greedy with penalties, bias, a grammar or logprobs is its
+ * top_k 1 (the argmax of the processed logits, lowest id on ties, as the sampler's). With s's
+ * sequence current (after its prompt). */
+static void sampling_begin(struct engine *e, struct slot *s) {
+    const struct engine_request *r = s->r;
+    s->dev_sample = 0;
+    if (!s->greedy_plain) {
         const struct sampler_params *sp = &r->sampling;
         struct model_sampling ms = {sp->temperature, sp->top_p, sp->min_p,
                                     sp->presence_penalty, sp->frequency_penalty,
                                     sp->repetition_penalty, sp->top_k, sp->seed,
                                     sp->bias_ids, sp->bias_values, sp->n_bias};
         if (!(ms.temperature > 0.0f)) ms.temperature = 1.0f, ms.top_k = 1, ms.top_p = 1.0f, ms.min_p = 0.0f;
-        dev_sample = model_sample_begin(e->m, &ms, r->prompt, r->n_prompt);
+        s->dev_sample = model_sample_begin(e->m, &ms, r->prompt, r->n_prompt);
     }
     /* the device draws ahead of the host only when the host has nothing to give or take per step */
-    const int dev_ahead = dev_sample && e->run_ahead && !r->grammar && !r->logprobs;
+    s->dev_ahead = s->dev_sample && e->run_ahead && !r->grammar && !r->logprobs;
+}
 
-    double t1 = 0;
-    int n_gen = 0;
-    enum engine_finish finish = ENGINE_FINISH_LENGTH;
-    for (;;) {
-        /* the token chosen now is the last: max_tokens, or no position left to feed it */
-        const int last = (r->max_tokens > 0 && n_gen + 1 >= r->max_tokens) || model_pos(e->m) >= ctx;
-        int32_t id;
-        int fed = 0;
-        if (n_gen < r->n_forced) {
-            /* the choice a sampler would make waits for the logits; so does a forced one, or a
-             * device backend would run far behind the host and the timings would be fiction */
-            (void)model_argmax(e->m);
-            id = r->forced[n_gen];
-        } else if (greedy_plain && e->run_ahead && n_gen > 0 && !last) {
-            /* run ahead on the device: the choice is fed to the next step there, before the
-             * host reads it (model_step_greedy) */
-            id = model_step_greedy(e->m);
-            CHECK(id >= 0);
-            cache_push(e->cache, id);
-            fed = 1;
-        } else if (greedy_plain) {
-            id = model_argmax(e->m);
-        } else if (dev_ahead && n_gen > 0 && !last) {
-            id = model_step_sample(e->m); /* as model_step_greedy, the draw on the device */
-            CHECK(id >= 0);
-            cache_push(e->cache, id);
-            fed = 1;
-        } else if (dev_sample) {
-            if (r->grammar) model_sample_mask(e->m, grammar_mask_of_step(e, r, n_gen));
-            id = model_sample(e->m);
-        } else {
-            model_logits(e->m, e->logits);
-            if (r->grammar) grammar_mask_logits(e, r, n_gen);
-            id = sampler_sample(smp, e->logits);
-        }
-        if (r->logprobs) logprobs_of_step(e, r, id); /* the logits of this step are still there */
-        if (r->grammar) (void)grammar_matcher_accept(r->grammar, id); /* a forced id may not fit */
-        sampler_accept(smp, id);
-        n_gen++;
-        if (n_gen == 1) {
-            t1 = now_ms();
-            res->ttft_ms = t1 - t0;
-        }
-        if (!r->ignore_eos && is_eos(e, id)) {
-            finish = ENGINE_FINISH_STOP;
-            res->stop_token = id;
-            break;
-        }
-        /* run ahead: on a device backend, the step that feeds this token is queued now and runs
-         * while the host detokenises, scans for stop strings and writes to the client. If those
-         * then end the request, the state has taken the token too; the cache says so, and a later
-         * prompt is reused only if it starts with it. The first token is sent first (TTFT). */
-        if (!fed && e->run_ahead && n_gen > 1 && !last) {
-            if (feed(e, id) != 0) break;
-            fed = 1;
-        }
-
-        /* text: detokenizer -> pending -> stop scan -> release */
-        size_t release = 0;
-        int hit = -1;
-        if (e->tok) {
-            size_t n = detok_push(&dt, id, e->piece, e->piece_cap);
-            pending_append(e, e->piece, n);
-            release = engine_stop_scan(e->pending, e->pending_len,
-                                       (const char *const *)r->stop, r->n_stop, &hit);
-        }
-        struct engine_event ev = {id, e->pending, release, n_gen, 0, 0, NULL, NULL};
-        if (r->logprobs) {
-            ev.logprob = e->chosen_lp;
-            ev.n_top = e->n_top, ev.top_ids = e->top_ids, ev.top_logprobs = e->top_lp;
-        }
-        int stop_cb = r->emit ? r->emit(r->user, &ev) : 0;
-        if (hit >= 0) {
-            e->pending_len = 0; /* the stop string and anything after it are dropped */
-            finish = ENGINE_FINISH_STOP;
-            res->stop_index = hit;
-            break;
-        }
-        pending_consume(e, release);
-        if (stop_cb || cancelled(r)) {
-            finish = ENGINE_FINISH_CANCELLED;
-            break;
-        }
-        if (last) break; /* max_tokens, or the context is full */
-        if (!fed && feed(e, id) != 0) break;
+/* Takes a submission into a free slot: the cache's choice of sequence (pinned while the
+ * request runs) and the plan of its prompt's feed. The slot is then SLOT_PREFILL, or finished
+ * when cancelled before it started. */
+static void slot_start(struct engine *e, struct submission *sub) {
+    struct slot *s = NULL;
+    for (int i = 0; i < MODEL_MAX_BATCH && !s; i++)
+        if (e->slots[i].state == SLOT_FREE) s = &e->slots[i];
+    CHECK(s);
+    const struct engine_request *r = sub->r;
+    struct engine_result *res = sub->res;
+    memset(res, 0, sizeof *res);
+    res->stop_token = -1;
+    res->stop_index = -1;
+    res->n_prompt = r->n_prompt;
+    s->sub = sub, s->r = r, s->res = res;
+    s->t0 = now_ms();
+    s->n_gen = 0;
+    s->pending_len = 0;
+    s->n_top = 0;
+    s->finish = ENGINE_FINISH_LENGTH;
+    s->order = ++e->order;
+    s->t1 = s->t_prep = s->t_fed = s->t0;
+    s->reuse = 0;
+    s->smp = NULL;
+    e->n_active++;
+    if (cancelled(r)) {
+        s->state = SLOT_PREFILL; /* counted active until slot_finish */
+        s->cslot = -1;
+        s->finish = ENGINE_FINISH_CANCELLED;
+        slot_finish(e, s);
+        return;
     }
-    double t2 = now_ms();
+    s->smp = sampler_create(e->vocab_size, &r->sampling);
+    sampler_add_prompt(s->smp, r->prompt, r->n_prompt);
+    s->greedy_plain = sampler_is_greedy_plain(s->smp) && !r->grammar && !r->logprobs;
+    if (e->tok) {
+        if (!s->piece) s->piece = xmalloc(e->piece_cap);
+        detok_init(&s->dt, e->tok);
+        s->dt.skip_special = 1;
+    }
+    if (!e->prefix_reuse) cache_clear(e->cache);
+    s->reuse = cache_prepare(e->cache, r->prompt, r->n_prompt);
+    s->cslot = cache_slot(e->cache);
+    s->seq = cache_seq(e->cache, s->cslot);
+    cache_pin(e->cache, s->cslot, 1);
+    s->t_prep = now_ms();
+    cache_feed_begin(e->cache, r->prompt, r->n_prompt, s->reuse);
+    s->state = SLOT_PREFILL;
+    if (s->reuse == r->n_prompt) /* resumed with the prompt's logits, current only until the
+                                    model's sequence changes: the first token now */
+        prefill_some(e, s, 0);
+}
 
-    /* final flush: incomplete UTF-8 (as U+FFFD) and any held-back stop-string prefix */
-    if (finish != ENGINE_FINISH_CANCELLED) {
-        if (e->tok && res->stop_index < 0) {
-            size_t n = detok_flush(&dt, e->piece, e->piece_cap);
-            pending_append(e, e->piece, n);
+/* Whether the token s chooses now is its last: max_tokens, or no position left to feed it. */
+static int is_last(const struct engine *e, const struct slot *s) {
+    return (s->r->max_tokens > 0 && s->n_gen + 1 >= s->r->max_tokens) ||
+           model_seq_pos(s->seq) >= model_ctx(e->m);
+}
+
+/* A chosen token: the grammar and the sampler take it, then its text through the detokenizer,
+ * the pending buffer and the stop scan to the emit callback. solo: s's sequence is current and
+ * the token may be fed here (*fed: already fed; it is fed before its text is handled when
+ * running ahead, after otherwise); else the next batched step feeds it. Returns 1 when the
+ * request ended (s->finish set), else 0 with the token fed (solo) or pending (AT_PENDING). */
+static int accept(struct engine *e, struct slot *s, int32_t id, int last, int solo, int fed) {
+    const struct engine_request *r = s->r;
+    struct engine_result *res = s->res;
+    if (r->grammar) (void)grammar_matcher_accept(r->grammar, id); /* a forced id may not fit */
+    sampler_accept(s->smp, id);
+    s->n_gen++;
+    if (s->n_gen == 1) {
+        s->t1 = now_ms();
+        res->ttft_ms = s->t1 - s->t0;
+    }
+    if (!r->ignore_eos && is_eos(e, id)) {
+        s->finish = ENGINE_FINISH_STOP;
+        res->stop_token = id;
+        return 1;
+    }
+    /* run ahead: on a device backend, the step that feeds this token is queued now and runs
+     * while the host detokenises, scans for stop strings and writes to the client. If those
+     * then end the request, the state has taken the token too; the cache says so, and a later
+     * prompt is reused only if it starts with it. The first token is sent first (TTFT). */
+    if (solo && !fed && e->run_ahead && s->n_gen > 1 && !last) {
+        if (feed(e, s, id) != 0) return 1;
+        fed = 1;
+    }
+
+    /* text: detokenizer -> pending -> stop scan -> release */
+    size_t release = 0;
+    int hit = -1;
+    if (e->tok) {
+        size_t n = detok_push(&s->dt, id, s->piece, e->piece_cap);
+        pending_append(s, s->piece, n);
+        release = engine_stop_scan(s->pending, s->pending_len, (const char *const *)r->stop,
+                                   r->n_stop, &hit);
+    }
+    struct engine_event ev = {id, s->pending, release, s->n_gen, 0, 0, NULL, NULL};
+    if (r->logprobs) {
+        ev.logprob = s->chosen_lp;
+        ev.n_top = s->n_top, ev.top_ids = s->top_ids, ev.top_logprobs = s->top_lp;
+    }
+    int stop_cb = r->emit ? r->emit(r->user, &ev) : 0;
+    if (hit >= 0) {
+        s->pending_len = 0; /* the stop string and anything after it are dropped */
+        s->finish = ENGINE_FINISH_STOP;
+        res->stop_index = hit;
+        return 1;
+    }
+    pending_consume(s, release);
+    if (stop_cb || cancelled(r)) {
+        s->finish = ENGINE_FINISH_CANCELLED;
+        return 1;
+    }
+    if (last) return 1; /* max_tokens, or the context is full */
+    if (solo) {
+        if (!fed && feed(e, s, id) != 0) return 1;
+        s->at = AT_CUR;
+    } else {
+        s->pend = id;
+        s->at = AT_PENDING;
+    }
+    return 0;
+}
+
+/* One token of s from the model's current logits (s's sequence current): the choice, then
+ * accept. solo: s runs alone (running ahead where it may, the token fed). */
+static int token_cur(struct engine *e, struct slot *s, int solo) {
+    const struct engine_request *r = s->r;
+    const int last = is_last(e, s);
+    int32_t id;
+    int fed = 0;
+    if (s->n_gen < r->n_forced) {
+        /* the choice a sampler would make waits for the logits; so does a forced one, or a
+         * device backend would run far behind the host and the timings would be fiction */
+        (void)model_argmax(e->m);
+        id = r->forced[s->n_gen];
+    } else if (solo && s->greedy_plain && e->run_ahead && s->n_gen > 0 && !last) {
+        /* run ahead on the device: the choice is fed to the next step there, before the host
+         * reads it (model_step_greedy) */
+        id = model_step_greedy(e->m);
+        CHECK(id >= 0);
+        cache_push_to(e->cache, s->cslot, id);
+        fed = 1;
+    } else if (s->greedy_plain) {
+        id = model_argmax(e->m);
+    } else if (solo && s->dev_ahead && s->n_gen > 0 && !last) {
+        id = model_step_sample(e->m); /* as model_step_greedy, the draw on the device */
+        CHECK(id >= 0);
+        cache_push_to(e->cache, s->cslot, id);
+        fed = 1;
+    } else if (s->dev_sample) {
+        if (r->grammar) model_sample_mask(e->m, grammar_mask_of_step(e, s));
+        id = model_sample(e->m);
+    } else {
+        model_logits(e->m, e->logits);
+        if (r->grammar) grammar_mask_logits(e, s);
+        id = sampler_sample(s->smp, e->logits);
+    }
+    if (r->logprobs) logprobs_of_step(e, s, -1, id); /* the logits of this step are still there */
+    return accept(e, s, id, last, solo, fed);
+}
+
+/* The tokens of the slots whose logits are rows of the last batched step: every device choice
+ * queued, read back at once, then each accepted in turn. */
+static void tokens_rows(struct engine *e, struct slot **rs, int n) {
+    int32_t ids[MODEL_MAX_BATCH];
+    int B = 0;
+    for (int i = 0; i < n; i++) {
+        struct slot *s = rs[i];
+        const struct engine_request *r = s->r;
+        if (s->row + 1 > B) B = s->row + 1;
+        if (s->n_gen < r->n_forced || s->greedy_plain) {
+            model_row_argmax(e->m, s->row);
+        } else if (s->dev_sample) {
+            if (r->grammar) model_seq_sample_mask(e->m, s->seq, grammar_mask_of_step(e, s));
+            model_row_sample(e->m, s->row, s->seq);
         }
-        struct engine_event ev = {-1, e->pending, e->pending_len, n_gen, 0, 0, NULL, NULL};
+    }
+    model_row_choices(e->m, B, ids);
+    for (int i = 0; i < n; i++) {
+        struct slot *s = rs[i];
+        const struct engine_request *r = s->r;
+        const int last = is_last(e, s);
+        int32_t id = ids[s->row];
+        if (s->n_gen < r->n_forced) {
+            id = r->forced[s->n_gen];
+        } else if (!s->greedy_plain && !s->dev_sample) {
+            model_row_logits(e->m, s->row, e->logits);
+            if (r->grammar) grammar_mask_logits(e, s);
+            id = sampler_sample(s->smp, e->logits);
+        }
+        if (r->logprobs) logprobs_of_step(e, s, s->row, id);
+        if (accept(e, s, id, last, 0, 0)) slot_finish(e, s);
+    }
+}
+
+static void slot_finish(struct engine *e, struct slot *s) {
+    const struct engine_request *r = s->r;
+    struct engine_result *res = s->res;
+    const double t2 = now_ms();
+    /* final flush: incomplete UTF-8 (as U+FFFD) and any held-back stop-string prefix */
+    if (s->finish != ENGINE_FINISH_CANCELLED) {
+        if (e->tok && res->stop_index < 0) {
+            size_t n = detok_flush(&s->dt, s->piece, e->piece_cap);
+            pending_append(s, s->piece, n);
+        }
+        struct engine_event ev = {-1, s->pending, s->pending_len, s->n_gen, 0, 0, NULL, NULL};
         if (r->emit) r->emit(r->user, &ev);
     }
-    e->pending_len = 0;
-    sampler_free(smp);
-
-    res->finish = finish;
-    res->n_generated = n_gen;
+    s->pending_len = 0;
+    sampler_free(s->smp);
+    s->smp = NULL;
+    if (s->cslot >= 0) cache_pin(e->cache, s->cslot, 0);
+    res->finish = s->finish;
+    res->n_generated = s->n_gen;
     struct engine_timings *tm = &res->timings;
-    tm->prompt_n = r->n_prompt - reuse;
-    tm->cache_n = reuse;
-    tm->prompt_ms = t1 - t0;
-    tm->prepare_ms = t_prep - t0;
-    tm->feed_ms = t_fed - t_prep;
-    tm->prompt_per_second = tm->prompt_ms > 0 ? 1e3 * tm->prompt_n / tm->prompt_ms : 0;
-    tm->predicted_n = n_gen;
-    tm->predicted_ms = t2 - t1;
-    tm->predicted_per_second = tm->predicted_ms > 0 ? 1e3 * n_gen / tm->predicted_ms : 0;
-    return 0;
+    tm->prompt_n = s->cslot >= 0 ? r->n_prompt - s->reuse : 0;
+    tm->cache_n = s->reuse;
+    if (s->n_gen > 0) {
+        tm->prompt_ms = s->t1 - s->t0;
+        tm->prepare_ms = s->t_prep - s->t0;
+        tm->feed_ms = s->t_fed - s->t_prep;
+        tm->prompt_per_second = tm->prompt_ms > 0 ? 1e3 * tm->prompt_n / tm->prompt_ms : 0;
+        tm->predicted_ms = t2 - s->t1;
+    }
+    tm->predicted_n = s->n_gen;
+    tm->predicted_per_second = tm->predicted_ms > 0 ? 1e3 * s->n_gen / tm->predicted_ms : 0;
+    s->state = SLOT_FREE;
+    e->n_active--;
+    pthread_mutex_lock(&e->mu);
+    cache_get_stats(e->cache, &e->stats);
+    s->sub->done = 1;
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* One piece of s's prompt (at most `chunk` tokens; 0: the rest); when the prompt is in, its
+ * first token. */
+static void prefill_some(struct engine *e, struct slot *s, int chunk) {
+    use(e, s);
+    if (cancelled(s->r)) { /* between pieces of the prompt */
+        cache_feed_abort(e->cache);
+        s->finish = ENGINE_FINISH_CANCELLED;
+        slot_finish(e, s);
+        return;
+    }
+    struct error err = {{0}};
+    const int rc = cache_feed_some(e->cache, chunk, &err);
+    if (rc < 0) { /* validated before: a failure here is the backend's */
+        fprintf(stderr, "strata: prefill failed: %s\n", err.msg);
+        s->finish = ENGINE_FINISH_CANCELLED;
+        slot_finish(e, s);
+        return;
+    }
+    if (rc > 0) return;
+    s->t_fed = now_ms();
+    sampling_begin(e, s);
+    s->state = SLOT_DECODE;
+    s->at = AT_CUR;
+    if (token_cur(e, s, 0)) slot_finish(e, s); /* its first token, now: TTFT */
+}
+
+/* ---- the scheduler ------------------------------------------------------------------------- */
+
+static void admit(struct engine *e) {
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        struct submission *sub = e->n_active < e->max_active ? e->q_head : NULL;
+        if (sub) {
+            e->q_head = sub->next;
+            if (!e->q_head) e->q_tail = NULL;
+            atomic_fetch_sub(&e->queued, 1);
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!sub) return;
+        slot_start(e, sub);
+    }
+}
+
+/* One round: every slot with logits chooses and emits its token; queued requests start; one
+ * piece of the oldest prompt is fed; then one step feeds every pending token (a batched step,
+ * or with a single request and nothing else to do, that request alone with run-ahead until
+ * another arrives). */
+static void engine_round(struct engine *e) {
+    struct slot *rs[MODEL_MAX_BATCH];
+    int n = 0;
+    for (int i = 0; i < MODEL_MAX_BATCH; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->state != SLOT_DECODE) continue;
+        if (s->at == AT_ROW) rs[n++] = s;
+        else if (s->at == AT_CUR) {
+            use(e, s);
+            if (token_cur(e, s, 0)) slot_finish(e, s);
+        }
+    }
+    if (n) tokens_rows(e, rs, n);
+    admit(e);
+    struct slot *pf = NULL;
+    int n_dec = 0;
+    for (int i = 0; i < MODEL_MAX_BATCH; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->state == SLOT_PREFILL && (!pf || s->order < pf->order)) pf = s;
+        if (s->state == SLOT_DECODE) n_dec++;
+    }
+    if (pf) prefill_some(e, pf, n_dec ? e->prefill_chunk : 0);
+    struct model_seq *seqs[MODEL_MAX_BATCH];
+    int32_t toks[MODEL_MAX_BATCH];
+    struct slot *ps[MODEL_MAX_BATCH];
+    int B = 0, n_pf = 0;
+    for (int i = 0; i < MODEL_MAX_BATCH; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->state == SLOT_PREFILL) n_pf++;
+        if (s->state == SLOT_DECODE && s->at == AT_PENDING) ps[B++] = s;
+    }
+    if (B == 1 && n_pf == 0 && e->n_active == 1) {
+        /* alone: the single-sequence step and its graph, running ahead, token by token until
+         * the request ends or another is queued */
+        struct slot *s = ps[0];
+        use(e, s);
+        if (feed(e, s, s->pend) != 0) {
+            s->finish = ENGINE_FINISH_LENGTH;
+            slot_finish(e, s);
+            return;
+        }
+        s->at = AT_CUR;
+        while (!(atomic_load(&e->queued) && e->n_active < e->max_active))
+            if (token_cur(e, s, 1)) {
+                slot_finish(e, s);
+                return;
+            }
+        return;
+    }
+    if (B == 0) return;
+    for (int b = 0; b < B; b++) seqs[b] = ps[b]->seq, toks[b] = ps[b]->pend;
+    CHECK(model_step_rows(e->m, seqs, toks, B) == 0); /* is_last kept every position in range */
+    for (int b = 0; b < B; b++) {
+        cache_push_to(e->cache, ps[b]->cslot, toks[b]);
+        ps[b]->at = AT_ROW;
+        ps[b]->row = b;
+    }
+}
+
+/* Queues sub (e->mu not held). */
+static void submit(struct engine *e, struct submission *sub) {
+    pthread_mutex_lock(&e->mu);
+    sub->done = 0;
+    sub->next = NULL;
+    if (e->q_tail) e->q_tail->next = sub;
+    else e->q_head = sub;
+    e->q_tail = sub;
+    atomic_fetch_add(&e->queued, 1);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int engine_generate_many(struct engine *e, const struct engine_request *r, struct engine_result *res,
+                         struct error *err, int n) {
+    struct submission sub[MODEL_MAX_BATCH];
+    CHECK(n >= 1 && n <= MODEL_MAX_BATCH);
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        sub[i].done = 1;
+        if (validate(e, &r[i], &err[i]) != 0) continue;
+        err[i].msg[0] = 0;
+        sub[i].r = &r[i];
+        sub[i].res = &res[i];
+        submit(e, &sub[i]);
+        ok++;
+    }
+    pthread_mutex_lock(&e->mu);
+    const int serving = e->serving;
+    pthread_mutex_unlock(&e->mu);
+    if (serving) { /* engine_run steps them: wait */
+        pthread_mutex_lock(&e->mu);
+        for (int i = 0; i < n; i++)
+            while (!sub[i].done) pthread_cond_wait(&e->done_cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    } else {
+        for (;;) {
+            int left = 0;
+            for (int i = 0; i < n; i++) left += !sub[i].done;
+            if (!left) break;
+            engine_round(e);
+        }
+    }
+    return ok;
+}
+
+int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,
+                    struct error *err) {
+    if (validate(e, r, err) != 0) {
+        memset(res, 0, sizeof *res);
+        return -1;
+    }
+    return engine_generate_many(e, r, res, err, 1) == 1 ? 0 : -1;
+}
+
+void engine_run(struct engine *e, const atomic_int *stop) {
+    pthread_mutex_lock(&e->mu);
+    e->serving = 1;
+    pthread_mutex_unlock(&e->mu);
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (e->n_active == 0 && !e->q_head && !atomic_load(stop)) pthread_cond_wait(&e->cv, &e->mu);
+        const int quit = e->n_active == 0 && !e->q_head && atomic_load(stop);
+        pthread_mutex_unlock(&e->mu);
+        if (quit) break;
+        engine_round(e);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->serving = 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_wake(struct engine *e) {
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }

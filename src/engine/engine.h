@@ -118,7 +118,7 @@ void engine_set_cache(struct engine *e, size_t budget_bytes);
  * recording graphs; leaves the model and the cache empty. Nothing on the CPU. */
 void engine_warmup(struct engine *e);
 struct cache_stats;
-void engine_cache_stats(const struct engine *e, struct cache_stats *out);
+void engine_cache_stats(struct engine *e, struct cache_stats *out); /* any thread */
 /* Run ahead (default: on where model_async, the GPU): each token's feeding step is queued
  * before its text is handled, so that host work overlaps the device's; greedy requests without
  * penalties feed each choice on the device before the host reads it (model_step_greedy). The
@@ -133,9 +133,34 @@ int engine_n_eos(const struct engine *e, const int32_t **ids);
 void engine_sampling_defaults(const struct model *m, struct sampler_params *sp);
 
 /* Runs one request to its end. Returns 0 with res filled, or -1 with err when the request
- * cannot start (prompt empty or not fitting in the context: the caller's 400). */
+ * cannot start (prompt empty or not fitting in the context: the caller's 400).
+ *
+ * Continuous batching: the engine runs up to engine_parallel requests at once. Each round,
+ * every running request chooses and emits its next token, queued requests start (the prefix
+ * cache's prepare, pinned sequences), one piece of the oldest unfed prompt is prefilled (at
+ * most a chunk of 1,024 tokens on a device, 256 on the CPU, while others decode; the whole
+ * prompt when none does), and one batched step (model_step_rows) feeds every request's token:
+ * one pass over the weights for all of them. A request running alone takes the
+ * single-sequence step (its graph, running ahead) until another is queued. A request's tokens
+ * do not depend on the others (on the CPU bit for bit; test_engine checks it).
+ *
+ * Without engine_run, engine_generate runs the rounds itself on the caller's thread (the
+ * CLI, tests); while engine_run steps on another thread, engine_generate (from any thread)
+ * queues the request and waits for it, the emit callbacks then running on engine_run's
+ * thread. engine_generate_many runs n requests together (the results in order; returns how
+ * many started, err[i] set for the others). */
 int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,
                     struct error *err);
+int engine_generate_many(struct engine *e, const struct engine_request *r, struct engine_result *res,
+                         struct error *err, int n);
+/* Steps queued requests until *stop is set and nothing is queued or running (a running request
+ * ends by its own means: its emit callback or cancel flag). engine_wake after setting *stop. */
+void engine_run(struct engine *e, const atomic_int *stop);
+void engine_wake(struct engine *e);
+/* Requests run at once: at most n (<= 0: as many as the prefix cache has sequences, at most
+ * MODEL_MAX_BATCH); engine_parallel says what it is now (engine_set_cache changes it). */
+void engine_set_parallel(struct engine *e, int n);
+int engine_parallel(const struct engine *e);
 
 /* Stop-string scan over pending text (exposed for tests). Returns how many leading bytes of
  * text[0..len) may be released: if a stop string occurs, the bytes before its earliest

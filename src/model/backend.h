@@ -216,6 +216,20 @@ struct backend_ops {
                 const float *A_log, const float *dt_bias, const float *norm_w, float *state,
                 const uint16_t *W_out, const int32_t *pos, int T, const struct backend_snap *snap);
 
+    /* Decode over B sequences at once (a batched step; the projections before and after are
+     * the caller's matmuls over all B rows): row b of qkv / proj is the token of sequence b, at
+     * position pos[b] (a device array of B), whose caches are k_cache[b] / v_cache[b] (attention)
+     * or conv_state[b] / state[b] (DeltaNet), host arrays of B backend pointers. Each row computes
+     * exactly what attention / gdn compute for that sequence alone with T = 1 and W_in NULL, the
+     * DeltaNet rows stopping before out_proj: out row b = the gated RMSNorm's output
+     * (value_dim), the attention rows' out row b as attention's (nH*hd). */
+    void (*attention_rows)(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *q_norm,
+                           const uint16_t *k_norm, uint16_t *const *k_cache,
+                           uint16_t *const *v_cache, const int32_t *pos, int B);
+    void (*gdn_rows)(struct backend *be, uint16_t *out, uint16_t *proj, uint16_t *const *conv_state,
+                     const uint16_t *conv_w, const float *A_log, const float *dt_bias,
+                     const float *norm_w, float *const *state, const int32_t *pos, int B);
+
     /* *out = index of the largest of x[0..n) (lowest index on ties, as torch.argmax). With pos
      * (a decode step whose choice is fed to the next step on the device): then *pos += 1, and
      * the choice is posted to the host as the backend's next post (numbered 1, 2, ... from its

@@ -51,6 +51,8 @@ struct model_seq {
     int pos;   /* tokens fed */
     struct seq_layer *l; /* (num_hidden_layers,) */
     void *gdn_block;     /* (gdn_block_bytes,) every DeltaNet layer's state, then conv state */
+    struct backend_sample_state samp; /* model_sample_begin's (allocated at its first call) */
+    struct backend_sampling samp_host; /* the parameters as last uploaded to samp.params */
 };
 /* A checkpoint: a copy of a sequence's gdn_block at a position, and optionally the logits of the
  * token before it (the end of a prompt: resuming there needs no forward pass at all). */
@@ -90,8 +92,11 @@ struct model {
     int choice;       /* what ids[0] holds: CHOICE_NONE, _ARGMAX, _SAMPLE */
     int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
                          argmax also advanced pos_dev[0] to pos */
-    struct backend_sample_state samp; /* model_sample_begin's (allocated at its first call) */
-    struct backend_sampling samp_host; /* the parameters as last uploaded to samp.params */
+    /* a batched step (model_step_rows): */
+    uint16_t *row_logits; /* (MODEL_MAX_BATCH, V) row b's logits */
+    int32_t *rows_dev;    /* (2 MODEL_MAX_BATCH,) the rows' positions, then their ids */
+    int32_t *row_choice;  /* (MODEL_MAX_BATCH,) the rows' choices */
+    int n_rows;           /* rows of the last batched step */
     float *lp_out;       /* model_logprobs: the op's output (2 + 2 BACKEND_LOGPROBS_KMAX,) */
     int32_t *lp_chosen;  /* ... and the chosen token (1,) */
     int64_t n_posts;  /* steps run: each posts its choice */
@@ -440,6 +445,9 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     /* the position, then the ids: a call uploads both in one copy */
     m->pos_dev = be->ops->alloc(be, (size_t)(T + 1) * sizeof(int32_t));
     m->ids = m->pos_dev + 1;
+    m->row_logits = be->ops->alloc(be, (size_t)MODEL_MAX_BATCH * V * 2);
+    m->rows_dev = be->ops->alloc(be, 2 * MODEL_MAX_BATCH * sizeof(int32_t));
+    m->row_choice = be->ops->alloc(be, MODEL_MAX_BATCH * sizeof(int32_t));
     free(ld.seen);
     safetensors_close(&m->st); /* every weight is on the backend now */
     memset(&m->st, 0, sizeof m->st);
@@ -459,8 +467,7 @@ void model_free(struct model *m) {
          * backends that track allocations, so free them one by one */
         void *bufs[] = {m->embed_tokens, m->norm, m->h, m->proj, m->mix, m->mlp,
                         m->logits, m->pos_dev, /* ids: inside pos_dev's */
-                        m->samp.params, m->samp.bias, m->samp.count, m->samp.in_prompt,
-                        m->samp.mask, m->lp_out, m->lp_chosen};
+                        m->row_logits, m->rows_dev, m->row_choice, m->lp_out, m->lp_chosen};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) be->ops->free(be, bufs[i]);
         for (int i = 0; i < m->n_seqs; i++) {
@@ -470,6 +477,9 @@ void model_free(struct model *m) {
                 if (s->l[l].v_cache) be->ops->free(be, s->l[l].v_cache);
             }
             if (s->gdn_block) be->ops->free(be, s->gdn_block);
+            void *sb[] = {s->samp.params, s->samp.bias, s->samp.count, s->samp.in_prompt, s->samp.mask};
+            for (size_t i = 0; i < sizeof sb / sizeof *sb; i++)
+                if (sb[i]) be->ops->free(be, sb[i]);
             free(s->l);
             free(s);
         }
@@ -757,7 +767,7 @@ static void step(struct model *m, int sample) {
         forward(m, 1, NULL);
         logits_rows(m, 0, 1);
         if (sample)
-            be->ops->sample(be, m->ids, m->logits, c->vocab_size, &m->samp, m->pos_dev, 0);
+            be->ops->sample(be, m->ids, m->logits, c->vocab_size, &m->cur->samp, m->pos_dev, 0);
         else
             be->ops->argmax(be, m->ids, m->logits, c->vocab_size, m->pos_dev);
         be->ops->graph_end(be, key);
@@ -815,7 +825,7 @@ int model_sample_begin(struct model *m, const struct model_sampling *p, const in
     const int topk_on = p->top_k > 0 && p->top_k < V;
     if (!be->ops->sample || V > BACKEND_SAMPLE_VMAX || !(p->temperature > 0.0f)) return 0;
     if (topk_on ? p->top_k > BACKEND_SAMPLE_KMAX : (p->top_p < 1.0f || p->min_p > 0.0f)) return 0;
-    struct backend_sample_state *st = &m->samp;
+    struct backend_sample_state *st = &m->cur->samp;
     if (!st->params) {
         st->params = be->ops->alloc(be, sizeof *st->params);
         st->bias = be->ops->alloc(be, (size_t)V * sizeof *st->bias);
@@ -844,29 +854,31 @@ int model_sample_begin(struct model *m, const struct model_sampling *p, const in
         free(flag);
     }
     be->ops->upload(be, st->params, &sp, sizeof sp);
-    m->samp_host = sp;
+    m->cur->samp_host = sp;
     if (m->choice == CHOICE_SAMPLE) m->choice = m->posted = 0; /* drawn under other parameters */
     return 1;
 }
 
-void model_sample_mask(struct model *m, const uint64_t *mask) {
+void model_seq_sample_mask(struct model *m, struct model_seq *s, const uint64_t *mask) {
     struct backend *be = m->be;
-    struct backend_sample_state *st = &m->samp;
+    struct backend_sample_state *st = &s->samp;
     CHECK(st->params);
     const int on = mask != NULL;
     if (on) be->ops->upload(be, st->mask, mask, ((size_t)m->config.vocab_size + 63) / 64 * sizeof *mask);
-    if (on != !!(m->samp_host.flags & BACKEND_SAMPLE_MASK)) {
-        m->samp_host.flags ^= BACKEND_SAMPLE_MASK;
-        be->ops->upload(be, st->params, &m->samp_host, sizeof m->samp_host);
+    if (on != !!(s->samp_host.flags & BACKEND_SAMPLE_MASK)) {
+        s->samp_host.flags ^= BACKEND_SAMPLE_MASK;
+        be->ops->upload(be, st->params, &s->samp_host, sizeof s->samp_host);
     }
-    if (m->choice == CHOICE_SAMPLE) m->choice = m->posted = 0; /* drawn under another mask */
+    if (s == m->cur && m->choice == CHOICE_SAMPLE) m->choice = m->posted = 0; /* drawn under another mask */
 }
+
+void model_sample_mask(struct model *m, const uint64_t *mask) { model_seq_sample_mask(m, m->cur, mask); }
 
 int32_t model_sample(struct model *m) {
     struct backend *be = m->be;
-    CHECK(m->samp.params);
+    CHECK(m->cur->samp.params);
     if (m->choice != CHOICE_SAMPLE) {
-        be->ops->sample(be, m->ids, m->logits, m->config.vocab_size, &m->samp, NULL, m->cur->pos);
+        be->ops->sample(be, m->ids, m->logits, m->config.vocab_size, &m->cur->samp, NULL, m->cur->pos);
         m->choice = CHOICE_SAMPLE;
         m->posted = 0;
     }
@@ -889,8 +901,109 @@ int32_t model_step_sample(struct model *m) {
     return id;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * batched decode */
+
+/* forward() for B sequences at one token each (ids and positions in m->rows_dev): the
+ * projections and the MLP as matmuls over the B rows (one pass over the weights), the mixers
+ * row by row on each sequence's own state. */
+static void forward_rows(struct model *m, struct model_seq *const *seqs, int B) {
+    const struct config *c = &m->config;
+    struct backend *be = m->be;
+    const struct backend_ops *op = be->ops;
+    const int H = c->hidden_size, I = c->intermediate_size;
+    const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    const int32_t *pos = m->rows_dev, *ids = m->rows_dev + MODEL_MAX_BATCH;
+    op->embed(be, m->h, m->embed_tokens, ids, B);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        struct layer *L = &m->layers[l];
+        if (L->type == LAYER_FULL_ATTENTION) {
+            uint16_t *kc[MODEL_MAX_BATCH], *vc[MODEL_MAX_BATCH];
+            for (int b = 0; b < B; b++) kc[b] = seqs[b]->l[l].k_cache, vc[b] = seqs[b]->l[l].v_cache;
+            op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, B,
+                       2 * nH * hd + 2 * nKV * hd, H, 0);
+            op->attention_rows(be, m->mix, m->proj, L->q_norm, L->k_norm, kc, vc, pos, B);
+            op->matmul(be, m->h, m->mix, NULL, L->w_out, B, H, nH * hd, 1);
+        } else {
+            uint16_t *cs[MODEL_MAX_BATCH];
+            float *st[MODEL_MAX_BATCH];
+            for (int b = 0; b < B; b++) cs[b] = seqs[b]->l[l].conv_state, st[b] = seqs[b]->l[l].state;
+            op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, B,
+                       c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads, H, 0);
+            op->gdn_rows(be, m->mix, m->proj, cs, L->conv_w, L->A_log, L->dt_bias, L->norm_w, st,
+                         pos, B);
+            op->matmul(be, m->h, m->mix, NULL, L->w_out, B, H, c->value_dim, 1);
+        }
+        op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, B, I, H);
+        op->matmul(be, m->h, m->mlp, NULL, L->w_down, B, H, I, 1);
+    }
+    op->matmul(be, m->row_logits, m->h, m->norm, m->lm_head, B, c->vocab_size, H, 0);
+}
+
+int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
+    struct backend *be = m->be;
+    CHECK(B >= 1 && B <= MODEL_MAX_BATCH && B <= m->max_T);
+    int32_t host[2 * MODEL_MAX_BATCH];
+    for (int b = 0; b < B; b++) {
+        if (seqs[b]->pos >= m->ctx) return -1;
+        CHECK(tokens[b] >= 0 && tokens[b] < m->config.vocab_size);
+        for (int j = 0; j < b; j++) CHECK(seqs[j] != seqs[b]);
+        host[b] = seqs[b]->pos;
+        host[MODEL_MAX_BATCH + b] = tokens[b];
+    }
+    be->ops->upload(be, m->rows_dev, host, sizeof host);
+    forward_rows(m, seqs, B);
+    for (int b = 0; b < B; b++) {
+        seqs[b]->pos++;
+        if (seqs[b] == m->cur) m->choice = m->posted = 0, m->logits_pos = -1; /* its logits: row b */
+    }
+    m->n_rows = B;
+    return 0;
+}
+
+static const uint16_t *row_logits(const struct model *m, int b) {
+    CHECK(b >= 0 && b < m->n_rows);
+    return m->row_logits + (size_t)b * m->config.vocab_size;
+}
+
+void model_row_argmax(struct model *m, int b) {
+    m->be->ops->argmax(m->be, m->row_choice + b, row_logits(m, b), m->config.vocab_size, NULL);
+}
+
+void model_row_sample(struct model *m, int b, struct model_seq *s) {
+    CHECK(s->samp.params);
+    m->be->ops->sample(m->be, m->row_choice + b, row_logits(m, b), m->config.vocab_size, &s->samp,
+                       NULL, s->pos);
+}
+
+void model_row_choices(struct model *m, int B, int32_t *out) {
+    CHECK(B >= 1 && B <= m->n_rows);
+    m->be->ops->download(m->be, out, m->row_choice, (size_t)B * sizeof *out);
+}
+
+void model_row_logits(struct model *m, int b, float *out) {
+    const int V = m->config.vocab_size;
+    uint16_t *tmp = xmalloc((size_t)V * 2);
+    m->be->ops->download(m->be, tmp, row_logits(m, b), (size_t)V * 2);
+    for (int i = 0; i < V; i++) out[i] = bf16_to_f32(tmp[i]);
+    free(tmp);
+}
+
+static int logprobs_of(struct model *m, const uint16_t *x, int k, int32_t chosen, float *lse,
+                       float *chosen_logit, int32_t *top_ids, float *top_logits);
+
+int model_row_logprobs(struct model *m, int b, int k, int32_t chosen, float *lse,
+                       float *chosen_logit, int32_t *top_ids, float *top_logits) {
+    return logprobs_of(m, row_logits(m, b), k, chosen, lse, chosen_logit, top_ids, top_logits);
+}
+
 int model_logprobs(struct model *m, int k, int32_t chosen, float *lse, float *chosen_logit,
                    int32_t *top_ids, float *top_logits) {
+    return logprobs_of(m, m->logits, k, chosen, lse, chosen_logit, top_ids, top_logits);
+}
+
+static int logprobs_of(struct model *m, const uint16_t *x, int k, int32_t chosen, float *lse,
+                       float *chosen_logit, int32_t *top_ids, float *top_logits) {
     struct backend *be = m->be;
     if (!be->ops->logprobs) return -1;
     CHECK(k >= 0 && k <= BACKEND_LOGPROBS_KMAX && chosen >= 0 && chosen < m->config.vocab_size);
@@ -899,7 +1012,7 @@ int model_logprobs(struct model *m, int k, int32_t chosen, float *lse, float *ch
         m->lp_chosen = be->ops->alloc(be, sizeof(int32_t));
     }
     be->ops->upload(be, m->lp_chosen, &chosen, sizeof chosen);
-    be->ops->logprobs(be, m->lp_out, m->logits, m->config.vocab_size, k, m->lp_chosen);
+    be->ops->logprobs(be, m->lp_out, x, m->config.vocab_size, k, m->lp_chosen);
     float out[2 + 2 * BACKEND_LOGPROBS_KMAX];
     be->ops->download(be, out, m->lp_out, (2 + 2 * (size_t)k) * sizeof(float));
     *lse = out[0];

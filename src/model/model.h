@@ -134,6 +134,25 @@ void model_sample_mask(struct model *m, const uint64_t *mask);
 int model_logprobs(struct model *m, int k, int32_t chosen, float *lse, float *chosen_logit,
                    int32_t *top_ids, float *top_logits);
 
+/* Batched decode (continuous batching): one step over B <= MODEL_MAX_BATCH distinct sequences,
+ * seqs[b] taking tokens[b] at its position, in one pass over the weights (the projections and
+ * the MLP are matmuls over the B rows; attention and DeltaNet run on each sequence's own state).
+ * Each row computes what model_step computes for its sequence alone (bit-identical on the CPU
+ * backend, whose matmul sums a row the same way in any batch). Row b's logits stay in the
+ * step's rows: model_row_argmax / model_row_sample (under s's sampling, model_sample_begin with
+ * s current; its mask: model_seq_sample_mask) queue row b's choice, model_row_choices waits and
+ * reads the first B; model_row_logits / model_row_logprobs read them for the host. -1 when a
+ * sequence's context is full (nothing run). */
+#define MODEL_MAX_BATCH 64
+int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B);
+void model_row_argmax(struct model *m, int b);
+void model_row_sample(struct model *m, int b, struct model_seq *s);
+void model_row_choices(struct model *m, int B, int32_t *out);
+void model_row_logits(struct model *m, int b, float *out);
+int model_row_logprobs(struct model *m, int b, int k, int32_t chosen, float *lse,
+                       float *chosen_logit, int32_t *top_ids, float *top_logits);
+void model_seq_sample_mask(struct model *m, struct model_seq *s, const uint64_t *mask);
+
 /* Copies the current logits as float (vocab_size,). */
 void model_logits(struct model *m, float *out);
 

@@ -362,22 +362,18 @@ static void gdn_heads(void *ctx, int lo, int hi, int thread) {
     }
 }
 
-static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
-                    const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
-                    const float *A_log, const float *dt_bias, const float *norm_w, float *state,
-                    const uint16_t *W_out, const int32_t *pos_p, int T,
+/* The DeltaNet mixer of T tokens at positions pos0.. up to out_proj: out (T, value_dim). */
+static void gdn_mix(struct backend *be, uint16_t *out, const uint16_t *proj, uint16_t *conv_state,
+                    const uint16_t *conv_w, const float *A_log, const float *dt_bias,
+                    const float *norm_w, float *state, int pos0, int T,
                     const struct backend_snap *snap) {
     const struct config *c = be->config;
     int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
     int dk = c->linear_key_head_dim, K = c->linear_conv_kernel_dim;
     int conv_dim = c->conv_dim, key_dim = c->key_dim, value_dim = c->value_dim;
     size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
-    if (W_in) /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(h) */
-        cpu_matmul(be, proj, h, in_norm, W_in, T, (int)row, c->hidden_size, 0);
-    const int pos0 = *pos_p;
     CHECK(pos0 >= 0 && K <= 8);
     CHECK(!snap || (snap->n >= 0 && snap->n <= BACKEND_MAX_SNAPS));
-    uint16_t *out = xmalloc((size_t)T * value_dim * sizeof(uint16_t)); /* the mixer's output */
     float *y = xmalloc((size_t)conv_dim * sizeof(float)); /* (conv_dim,) conv + SiLU output */
     float *qn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised, scaled q */
     float *kn = xmalloc((size_t)key_dim * sizeof(float)); /* (Hk, dk) normalised k */
@@ -426,8 +422,46 @@ static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint1
     free(y);
     free(qn);
     free(kn);
+}
+
+static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16_t *in_norm,
+                    const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
+                    const float *A_log, const float *dt_bias, const float *norm_w, float *state,
+                    const uint16_t *W_out, const int32_t *pos_p, int T,
+                    const struct backend_snap *snap) {
+    const struct config *c = be->config;
+    const int value_dim = c->value_dim;
+    const size_t row = (size_t)c->conv_dim + value_dim + 2 * c->linear_num_value_heads;
+    if (W_in) /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(h) */
+        cpu_matmul(be, proj, h, in_norm, W_in, T, (int)row, c->hidden_size, 0);
+    uint16_t *out = xmalloc((size_t)T * value_dim * sizeof(uint16_t)); /* the mixer's output */
+    gdn_mix(be, out, proj, conv_state, conv_w, A_log, dt_bias, norm_w, state, *pos_p, T, snap);
     run_matmul(be, h, out, NULL, W_out, T, c->hidden_size, value_dim, 1, 0); /* HF: h + out_proj */
     free(out);
+}
+
+/* A batched step's rows: each sequence's token alone, as attention / gdn with T = 1. */
+static void cpu_attention_rows(struct backend *be, uint16_t *out, uint16_t *qkv,
+                               const uint16_t *q_norm, const uint16_t *k_norm,
+                               uint16_t *const *k_cache, uint16_t *const *v_cache,
+                               const int32_t *pos, int B) {
+    const struct config *c = be->config;
+    const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    const size_t row = (size_t)2 * nH * hd + (size_t)2 * nKV * hd;
+    for (int b = 0; b < B; b++)
+        cpu_attention(be, out + (size_t)b * nH * hd, qkv + (size_t)b * row, NULL, NULL, NULL,
+                      q_norm, k_norm, k_cache[b], v_cache[b], pos + b, 1);
+}
+
+static void cpu_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj,
+                         uint16_t *const *conv_state, const uint16_t *conv_w, const float *A_log,
+                         const float *dt_bias, const float *norm_w, float *const *state,
+                         const int32_t *pos, int B) {
+    const struct config *c = be->config;
+    const size_t row = (size_t)c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads;
+    for (int b = 0; b < B; b++)
+        gdn_mix(be, out + (size_t)b * c->value_dim, proj + (size_t)b * row, conv_state[b], conv_w,
+                A_log, dt_bias, norm_w, state[b], pos[b], 1, NULL);
 }
 
 static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos) {
@@ -548,6 +582,8 @@ static const struct backend_ops cpu_ops = {
     .matmul_swiglu = cpu_matmul_swiglu,
     .attention = cpu_attention,
     .gdn = cpu_gdn,
+    .attention_rows = cpu_attention_rows,
+    .gdn_rows = cpu_gdn_rows,
     .argmax = cpu_argmax,
     .choice_wait = cpu_choice_wait,
     .sample = cpu_sample,

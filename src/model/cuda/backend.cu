@@ -645,6 +645,43 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
     op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is (no norm) */
 }
 
+/* A batched step's rows: the decode kernels once per row (the projections around them are the
+ * caller's GEMMs over all rows). */
+static void op_attention_rows(struct backend *be, uint16_t *out, uint16_t *qkv,
+                              const uint16_t *q_norm, const uint16_t *k_norm,
+                              uint16_t *const *k_cache, uint16_t *const *v_cache,
+                              const int32_t *pos, int B) {
+    struct cuda *cu = cuda_of(be);
+    const struct config *c = be->config;
+    const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    const size_t row = (size_t)2 * nH * hd + (size_t)2 * nKV * hd;
+    cuda_prof_begin(cu, "attention (decode rows)");
+    for (int b = 0; b < B; b++) {
+        cu->attn_cnt = NULL, cu->attn_target = 0;
+        cuda_attn_prep(cu, c, be->max_ctx, cu->attn_q, qkv + b * row, q_norm, k_norm, k_cache[b],
+                       v_cache[b], pos + b, 1);
+        cuda_attn_decode(cu, c, be->max_ctx, out + (size_t)b * nH * hd, cu->attn_q, qkv + b * row,
+                         k_cache[b], v_cache[b], pos + b);
+    }
+    cuda_prof_end(cu);
+}
+
+static void op_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj,
+                        uint16_t *const *conv_state, const uint16_t *conv_w, const float *A_log,
+                        const float *dt_bias, const float *norm_w, float *const *state,
+                        const int32_t *pos, int B) {
+    struct cuda *cu = cuda_of(be);
+    const struct config *c = be->config;
+    const size_t row = (size_t)c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads;
+    cuda_prof_begin(cu, "gdn (decode rows)");
+    for (int b = 0; b < B; b++) {
+        cuda_gdn_step(cu, c, cu->gdn_o, cu->gdn_sz, proj + b * row, conv_state[b], conv_w, A_log,
+                      dt_bias, state[b], pos + b, NULL, 0);
+        cuda_gdn_norm(cu, c, out + (size_t)b * c->value_dim, proj + b * row, norm_w, 1);
+    }
+    cuda_prof_end(cu);
+}
+
 static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos) {
     struct cuda *cu = cuda_of(be);
     PROF("argmax", cuda_argmax(cu, out, x, n, pos));
@@ -718,6 +755,8 @@ static const struct backend_ops cuda_ops = {
     op_matmul_swiglu,
     op_attention,
     op_gdn,
+    op_attention_rows,
+    op_gdn_rows,
     op_argmax,
     op_choice_wait,
     op_sample,
