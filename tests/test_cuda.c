@@ -528,30 +528,38 @@ static void check_rows(struct pair *p, const struct config *c, const char *tag, 
     struct backend *bes[2] = {p->cpu, p->gpu};
     uint16_t *aout[2], *gout[2], *kres[2][8], *cres[2][8];
     float *sres[2][8];
+    /* each row's blocks as a sequence holds them: a KV block with another layer's caches first
+     * (so the offsets matter), a DeltaNet block with its state then its conv ring */
+    const size_t k_off = 2 * ncache * 2, v_off = k_off + ncache * 2;
+    const size_t state_off = 256, conv_off = state_off + nst * 4 + 512;
     for (int i = 0; i < 2; i++) {
         struct backend *be = bes[i];
-        uint16_t *dkc[8], *dvc[8], *dcs[8];
-        float *dst[8];
+        char *kvb[8], *gb[8];
         for (int b = 0; b < B; b++) {
-            dkc[b] = up(be, kc[b], ncache * 2), dvc[b] = up(be, vc[b], ncache * 2);
-            dcs[b] = up(be, cs[b], nconv * 2), dst[b] = up(be, st[b], nst * 4);
+            kvb[b] = be->ops->alloc(be, v_off + ncache * 2);
+            gb[b] = be->ops->alloc(be, conv_off + nconv * 2);
+            be->ops->upload(be, kvb[b] + k_off, kc[b], ncache * 2);
+            be->ops->upload(be, kvb[b] + v_off, vc[b], ncache * 2);
+            be->ops->upload(be, gb[b] + state_off, st[b], nst * 4);
+            be->ops->upload(be, gb[b] + conv_off, cs[b], nconv * 2);
         }
         void *dqkv = up(be, qkv, (size_t)B * arow * 2), *dqn = up(be, qn, hd * 2), *dkn = up(be, kn, hd * 2);
         void *dproj = up(be, proj, (size_t)B * grow * 2), *dcw = up(be, cw, nconv * 2);
         void *dA = up(be, A_log, Hv * 4), *ddt = up(be, dt_bias, Hv * 4), *dnw = up(be, nw, dv * 4);
-        void *dpos = up(be, pos, (size_t)B * 4);
+        void *dpos = up(be, pos, (size_t)B * 4), *dkvt = up(be, kvb, sizeof kvb), *dgt = up(be, gb, sizeof gb);
         void *daout = be->ops->alloc(be, (size_t)B * nH * hd * 2), *dgout = be->ops->alloc(be, (size_t)B * c->value_dim * 2);
-        be->ops->attention_rows(be, daout, dqkv, dqn, dkn, dkc, dvc, dpos, B);
-        be->ops->gdn_rows(be, dgout, dproj, dcs, dcw, dA, ddt, dnw, dst, dpos, B);
+        const struct backend_rows rows = {dpos, dkvt, dgt};
+        be->ops->attention_rows(be, daout, dqkv, dqn, dkn, &rows, k_off, v_off, B);
+        be->ops->gdn_rows(be, dgout, dproj, dcw, dA, ddt, dnw, &rows, state_off, conv_off, B);
         aout[i] = down(be, daout, (size_t)B * nH * hd * 2);
         gout[i] = down(be, dgout, (size_t)B * c->value_dim * 2);
         for (int b = 0; b < B; b++) {
-            kres[i][b] = down(be, dkc[b], ncache * 2);
-            cres[i][b] = down(be, dcs[b], nconv * 2);
-            sres[i][b] = down(be, dst[b], nst * 4);
-            be->ops->free(be, dkc[b]), be->ops->free(be, dvc[b]), be->ops->free(be, dcs[b]), be->ops->free(be, dst[b]);
+            kres[i][b] = down(be, kvb[b] + k_off, ncache * 2);
+            cres[i][b] = down(be, gb[b] + conv_off, nconv * 2);
+            sres[i][b] = down(be, gb[b] + state_off, nst * 4);
+            be->ops->free(be, kvb[b]), be->ops->free(be, gb[b]);
         }
-        void *bufs[] = {dqkv, dqn, dkn, dproj, dcw, dA, ddt, dnw, dpos, daout, dgout};
+        void *bufs[] = {dqkv, dqn, dkn, dproj, dcw, dA, ddt, dnw, dpos, dkvt, dgt, daout, dgout};
         for (size_t j = 0; j < sizeof bufs / sizeof *bufs; j++) be->ops->free(be, bufs[j]);
     }
     char what[160];

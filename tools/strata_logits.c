@@ -8,6 +8,8 @@
  *                                                  step-only from IDS[0]: prints the max |diff|
  *                                                  and argmax agreement over positions P-1..n-1;
  *                                                  OUT gets float32 (2, n-P+1, vocab)
+ *   strata_logits DIR BACKEND IDS OUT rows P       batched decode (4 sequences) against
+ *                                                  single-sequence steps of the same ids
  * IDS is a file of int32 token ids. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +132,61 @@ int main(int argc, char **argv) {
         fwrite(b, sizeof(float), (size_t)rows * V, out);
         free(a);
         free(b);
+    } else if (!strcmp(mode, "rows") && argc > 6) {
+        /* batched decode against single-sequence decode: sequence b (of B) prefilled with
+         * IDS[0..P - b), all then stepped together (model_step_rows), each teacher-forced on
+         * IDS from its own position on; row 0's logits against those of the plain steps of the
+         * same ids (prints max |diff| and argmax agreement over every row's steps, each row
+         * against its own single run); OUT gets row 0's float32 (n-P, vocab) then the plain ones */
+        const int B = 4, P = atoi(argv[6]);
+        if (P < B + 1 || P >= n) {
+            fprintf(stderr, "strata_logits: rows: P in %d..%d\n", B + 1, n - 1);
+            return 2;
+        }
+        struct model_seq *seqs[4];
+        seqs[0] = model_seq_default(m);
+        for (int b = 1; b < B; b++) seqs[b] = model_seq_create(m);
+        const int steps = n - P;
+        float *bat = xmalloc((size_t)B * steps * V * sizeof(float));
+        float *one = xmalloc((size_t)steps * V * sizeof(float));
+        for (int b = 0; b < B; b++) {
+            model_seq_use(m, seqs[b]);
+            model_reset(m);
+            if (model_prefill(m, ids, P - b, NULL, &err) < 0) return 1;
+        }
+        for (int st = 0; st < steps; st++) {
+            int32_t tok[4];
+            for (int b = 0; b < B; b++) tok[b] = ids[P - b + st];
+            if (model_step_rows(m, seqs, tok, B) != 0) return 1;
+            for (int b = 0; b < B; b++) model_row_logits(m, b, bat + ((size_t)b * steps + st) * V);
+        }
+        double maxd = 0;
+        int agree = 0;
+        for (int b = 0; b < B; b++) {
+            model_seq_use(m, seqs[0]);
+            model_reset(m);
+            if (model_prefill(m, ids, P - b, NULL, &err) < 0) return 1;
+            for (int st = 0; st < steps; st++) {
+                model_step(m, ids[P - b + st]);
+                model_logits(m, one + (size_t)st * V);
+            }
+            for (int st = 0; st < steps; st++) {
+                const float *x = bat + ((size_t)b * steps + st) * V, *y = one + (size_t)st * V;
+                for (int i = 0; i < V; i++) {
+                    double d = x[i] > y[i] ? x[i] - y[i] : y[i] - x[i];
+                    if (d > maxd) maxd = d;
+                }
+                agree += argmax_f(x, V) == argmax_f(y, V);
+            }
+            if (b == 0) {
+                fwrite(bat, sizeof(float), (size_t)steps * V, out);
+                fwrite(one, sizeof(float), (size_t)steps * V, out);
+            }
+        }
+        printf("batched (B %d) vs single-sequence steps: max |logit diff| %.5f, argmax agree %d/%d\n",
+               B, maxd, agree, B * steps);
+        free(bat);
+        free(one);
     } else {
         fprintf(stderr, "strata_logits: unknown mode %s\n", mode);
         rc = 2;

@@ -35,6 +35,15 @@ struct backend_snap {
     uint16_t *conv[BACKEND_MAX_SNAPS];    /* (conv_dim, K) */
 };
 
+/* A batched step's sequences, in backend memory (written by the caller before the step, so a
+ * graph recorded for B rows serves any B sequences): row b's position, and the bases of its
+ * sequence's KV block (every attention layer's k and v caches) and DeltaNet block. */
+struct backend_rows {
+    const int32_t *pos; /* (B,) */
+    char *const *kv;    /* (B,) */
+    char *const *gdn;   /* (B,) */
+};
+
 #define BACKEND_POSTS 16 /* argmax choices posted to the host that a backend keeps */
 
 /* Sampling on the backend (the sample op). The state lives in backend memory, written by the
@@ -218,17 +227,19 @@ struct backend_ops {
 
     /* Decode over B sequences at once (a batched step; the projections before and after are
      * the caller's matmuls over all B rows): row b of qkv / proj is the token of sequence b, at
-     * position pos[b] (a device array of B), whose caches are k_cache[b] / v_cache[b] (attention)
-     * or conv_state[b] / state[b] (DeltaNet), host arrays of B backend pointers. Each row computes
-     * exactly what attention / gdn compute for that sequence alone with T = 1 and W_in NULL, the
-     * DeltaNet rows stopping before out_proj: out row b = the gated RMSNorm's output
-     * (value_dim), the attention rows' out row b as attention's (nH*hd). */
+     * position rows->pos[b], its caches in that sequence's blocks (struct backend_rows). Each
+     * row computes exactly what attention / gdn compute for that sequence alone with T = 1 and
+     * W_in NULL, the DeltaNet rows stopping before out_proj: out row b = the gated RMSNorm's
+     * output (value_dim); the attention rows' out row b as attention's (nH*hd). The layer's
+     * pieces of a block lie at byte offsets: its k and v caches (nKV, max_ctx, hd) at k_off /
+     * v_off of the KV block, its recurrent state (Hv, dk, dv) and conv ring (conv_dim, K) at
+     * state_off / conv_off of the DeltaNet block. */
     void (*attention_rows)(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *q_norm,
-                           const uint16_t *k_norm, uint16_t *const *k_cache,
-                           uint16_t *const *v_cache, const int32_t *pos, int B);
-    void (*gdn_rows)(struct backend *be, uint16_t *out, uint16_t *proj, uint16_t *const *conv_state,
-                     const uint16_t *conv_w, const float *A_log, const float *dt_bias,
-                     const float *norm_w, float *const *state, const int32_t *pos, int B);
+                           const uint16_t *k_norm, const struct backend_rows *rows, size_t k_off,
+                           size_t v_off, int B);
+    void (*gdn_rows)(struct backend *be, uint16_t *out, uint16_t *proj, const uint16_t *conv_w,
+                     const float *A_log, const float *dt_bias, const float *norm_w,
+                     const struct backend_rows *rows, size_t state_off, size_t conv_off, int B);
 
     /* *out = index of the largest of x[0..n) (lowest index on ties, as torch.argmax). With pos
      * (a decode step whose choice is fed to the next step on the device): then *pos += 1, and

@@ -16,6 +16,8 @@
 enum { GRAPH_STEP = 1, GRAPH_STEP_LONG = 2 }; /* the decode step's graph, by graph_variant */
 /* the step's graph ending in the sample op: keys above every argmax step's */
 #define GRAPH_SAMPLE (2 * MODEL_MAX_SEQS)
+/* a batched step's, by its row count and graph_variant: keys above those */
+#define GRAPH_ROWS (4 * MODEL_MAX_SEQS + 8)
 enum { CHOICE_NONE, CHOICE_ARGMAX, CHOICE_SAMPLE };
 #define LOGITS_ROWS 16 /* rows of logits computed per matmul when every position is wanted */
 
@@ -34,6 +36,7 @@ struct layer {
     float *A_log, *dt_bias; /* (Hv,) bf16-rounded values */
     float *norm_w;        /* (dv,) bf16-rounded values */
     int linear_index;     /* this layer's place among the DeltaNet layers (their state blocks) */
+    int full_index;       /* ... among the attention layers (their KV blocks) */
 };
 
 /* A sequence: the state of one conversation, apart from the weights. The KV rows of position
@@ -51,6 +54,7 @@ struct model_seq {
     int pos;   /* tokens fed */
     struct seq_layer *l; /* (num_hidden_layers,) */
     void *gdn_block;     /* (gdn_block_bytes,) every DeltaNet layer's state, then conv state */
+    void *kv_block;      /* every attention layer's k cache, then its v cache (kv_bytes each) */
     struct backend_sample_state samp; /* model_sample_begin's (allocated at its first call) */
     struct backend_sampling samp_host; /* the parameters as last uploaded to samp.params */
 };
@@ -62,6 +66,12 @@ struct model_ckpt {
     uint16_t *logits; /* (V,) */
 };
 #define MODEL_MAX_SEQS 64
+/* What a batched step uploads (one copy) to m->rows_dev: the rows' positions and ids, then the
+ * bases of their sequences' blocks (struct backend_rows). */
+struct rows_host {
+    int32_t pos[MODEL_MAX_BATCH], ids[MODEL_MAX_BATCH];
+    char *kv[MODEL_MAX_BATCH], *gdn[MODEL_MAX_BATCH];
+};
 
 struct model {
     struct config config;
@@ -94,7 +104,7 @@ struct model {
                          argmax also advanced pos_dev[0] to pos */
     /* a batched step (model_step_rows): */
     uint16_t *row_logits; /* (MODEL_MAX_BATCH, V) row b's logits */
-    int32_t *rows_dev;    /* (2 MODEL_MAX_BATCH,) the rows' positions, then their ids */
+    void *rows_dev;       /* struct rows_host's layout: the rows' positions, ids, blocks */
     int32_t *row_choice;  /* (MODEL_MAX_BATCH,) the rows' choices */
     int n_rows;           /* rows of the last batched step */
     float *lp_out;       /* model_logprobs: the op's output (2 + 2 BACKEND_LOGPROBS_KMAX,) */
@@ -415,8 +425,10 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     m->gdn_state_bytes = (size_t)c->linear_num_value_heads * c->linear_key_head_dim *
                          c->linear_value_head_dim * sizeof(float);
     m->gdn_conv_bytes = ((size_t)c->conv_dim * c->linear_conv_kernel_dim * 2 + 255) & ~(size_t)255;
-    for (int l = 0, n = 0; l < c->num_hidden_layers; l++)
+    for (int l = 0, n = 0, f = 0; l < c->num_hidden_layers; l++) {
         m->layers[l].linear_index = m->layers[l].type == LAYER_LINEAR_ATTENTION ? n++ : -1;
+        m->layers[l].full_index = m->layers[l].type == LAYER_FULL_ATTENTION ? f++ : -1;
+    }
     m->gdn_block_bytes = (size_t)c->n_linear_layers * (m->gdn_state_bytes + m->gdn_conv_bytes);
     m->cur = model_seq_create(m);
     m->logits_pos = -1;
@@ -446,7 +458,7 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     m->pos_dev = be->ops->alloc(be, (size_t)(T + 1) * sizeof(int32_t));
     m->ids = m->pos_dev + 1;
     m->row_logits = be->ops->alloc(be, (size_t)MODEL_MAX_BATCH * V * 2);
-    m->rows_dev = be->ops->alloc(be, 2 * MODEL_MAX_BATCH * sizeof(int32_t));
+    m->rows_dev = be->ops->alloc(be, sizeof(struct rows_host));
     m->row_choice = be->ops->alloc(be, MODEL_MAX_BATCH * sizeof(int32_t));
     free(ld.seen);
     safetensors_close(&m->st); /* every weight is on the backend now */
@@ -472,10 +484,7 @@ void model_free(struct model *m) {
             if (bufs[i]) be->ops->free(be, bufs[i]);
         for (int i = 0; i < m->n_seqs; i++) {
             struct model_seq *s = m->seqs[i];
-            for (int l = 0; l < m->config.num_hidden_layers; l++) {
-                if (s->l[l].k_cache) be->ops->free(be, s->l[l].k_cache);
-                if (s->l[l].v_cache) be->ops->free(be, s->l[l].v_cache);
-            }
+            if (s->kv_block) be->ops->free(be, s->kv_block);
             if (s->gdn_block) be->ops->free(be, s->gdn_block);
             void *sb[] = {s->samp.params, s->samp.bias, s->samp.count, s->samp.in_prompt, s->samp.mask};
             for (size_t i = 0; i < sizeof sb / sizeof *sb; i++)
@@ -520,6 +529,12 @@ void model_reset(struct model *m) {
 /* ---------------------------------------------------------------------------------------------
  * sequences and checkpoints */
 
+/* One attention layer's k (or v) cache of a sequence: (nKV, ctx, hd) bf16. */
+static size_t kv_cache_bytes(const struct model *m) {
+    const struct config *c = &m->config;
+    return (size_t)c->num_key_value_heads * m->ctx * c->head_dim * sizeof(uint16_t);
+}
+
 struct model_seq *model_seq_create(struct model *m) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
@@ -528,12 +543,14 @@ struct model_seq *model_seq_create(struct model *m) {
     s->index = m->n_seqs;
     s->l = xcalloc((size_t)c->num_hidden_layers, sizeof *s->l);
     if (m->gdn_block_bytes) s->gdn_block = be->ops->alloc(be, m->gdn_block_bytes);
-    size_t kv_bytes = (size_t)c->num_key_value_heads * m->ctx * c->head_dim * sizeof(uint16_t);
+    const size_t kv_bytes = kv_cache_bytes(m);
+    if (c->n_full_layers) s->kv_block = be->ops->alloc(be, (size_t)c->n_full_layers * 2 * kv_bytes);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         struct seq_layer *sl = &s->l[l];
         if (m->layers[l].type == LAYER_FULL_ATTENTION) {
-            sl->k_cache = be->ops->alloc(be, kv_bytes);
-            sl->v_cache = be->ops->alloc(be, kv_bytes);
+            char *b = (char *)s->kv_block + (size_t)m->layers[l].full_index * 2 * kv_bytes;
+            sl->k_cache = (uint16_t *)b;
+            sl->v_cache = (uint16_t *)(b + kv_bytes);
         } else {
             int j = m->layers[l].linear_index;
             char *b = s->gdn_block;
@@ -907,31 +924,33 @@ int32_t model_step_sample(struct model *m) {
 /* forward() for B sequences at one token each (ids and positions in m->rows_dev): the
  * projections and the MLP as matmuls over the B rows (one pass over the weights), the mixers
  * row by row on each sequence's own state. */
-static void forward_rows(struct model *m, struct model_seq *const *seqs, int B) {
+static void forward_rows(struct model *m, int B) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
     const int H = c->hidden_size, I = c->intermediate_size;
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
-    const int32_t *pos = m->rows_dev, *ids = m->rows_dev + MODEL_MAX_BATCH;
-    op->embed(be, m->h, m->embed_tokens, ids, B);
+    const struct rows_host *rd = m->rows_dev;
+    const struct backend_rows rows = {rd->pos, rd->kv, rd->gdn};
+    const size_t kv_bytes = kv_cache_bytes(m);
+    op->embed(be, m->h, m->embed_tokens, rd->ids, B);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         struct layer *L = &m->layers[l];
         if (L->type == LAYER_FULL_ATTENTION) {
-            uint16_t *kc[MODEL_MAX_BATCH], *vc[MODEL_MAX_BATCH];
-            for (int b = 0; b < B; b++) kc[b] = seqs[b]->l[l].k_cache, vc[b] = seqs[b]->l[l].v_cache;
+            const size_t k_off = (size_t)L->full_index * 2 * kv_bytes;
             op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, B,
                        2 * nH * hd + 2 * nKV * hd, H, 0);
-            op->attention_rows(be, m->mix, m->proj, L->q_norm, L->k_norm, kc, vc, pos, B);
+            op->attention_rows(be, m->mix, m->proj, L->q_norm, L->k_norm, &rows, k_off,
+                               k_off + kv_bytes, B);
             op->matmul(be, m->h, m->mix, NULL, L->w_out, B, H, nH * hd, 1);
         } else {
-            uint16_t *cs[MODEL_MAX_BATCH];
-            float *st[MODEL_MAX_BATCH];
-            for (int b = 0; b < B; b++) cs[b] = seqs[b]->l[l].conv_state, st[b] = seqs[b]->l[l].state;
+            const size_t state_off = (size_t)L->linear_index * m->gdn_state_bytes;
+            const size_t conv_off = (size_t)c->n_linear_layers * m->gdn_state_bytes +
+                                    (size_t)L->linear_index * m->gdn_conv_bytes;
             op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, B,
                        c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads, H, 0);
-            op->gdn_rows(be, m->mix, m->proj, cs, L->conv_w, L->A_log, L->dt_bias, L->norm_w, st,
-                         pos, B);
+            op->gdn_rows(be, m->mix, m->proj, L->conv_w, L->A_log, L->dt_bias, L->norm_w, &rows,
+                         state_off, conv_off, B);
             op->matmul(be, m->h, m->mix, NULL, L->w_out, B, H, c->value_dim, 1);
         }
         op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, B, I, H);
@@ -943,16 +962,28 @@ static void forward_rows(struct model *m, struct model_seq *const *seqs, int B) 
 int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
     struct backend *be = m->be;
     CHECK(B >= 1 && B <= MODEL_MAX_BATCH && B <= m->max_T);
-    int32_t host[2 * MODEL_MAX_BATCH];
+    struct rows_host host;
+    memset(&host, 0, sizeof host);
+    int max_pos = 0;
     for (int b = 0; b < B; b++) {
         if (seqs[b]->pos >= m->ctx) return -1;
         CHECK(tokens[b] >= 0 && tokens[b] < m->config.vocab_size);
         for (int j = 0; j < b; j++) CHECK(seqs[j] != seqs[b]);
-        host[b] = seqs[b]->pos;
-        host[MODEL_MAX_BATCH + b] = tokens[b];
+        host.pos[b] = seqs[b]->pos;
+        host.ids[b] = tokens[b];
+        host.kv[b] = seqs[b]->kv_block;
+        host.gdn[b] = seqs[b]->gdn_block;
+        if (seqs[b]->pos > max_pos) max_pos = seqs[b]->pos;
     }
-    be->ops->upload(be, m->rows_dev, host, sizeof host);
-    forward_rows(m, seqs, B);
+    be->ops->upload(be, m->rows_dev, &host, sizeof host);
+    /* the graph of B rows (positions and blocks are read from rows_dev: any B sequences) */
+    const int variant = be->ops->graph_variant && be->ops->graph_variant(be, max_pos);
+    const int key = GRAPH_ROWS + 2 * B + variant;
+    if (!be->ops->graph_replay(be, key)) {
+        be->ops->graph_begin(be, key);
+        forward_rows(m, B);
+        be->ops->graph_end(be, key);
+    }
     for (int b = 0; b < B; b++) {
         seqs[b]->pos++;
         if (seqs[b] == m->cur) m->choice = m->posted = 0, m->logits_pos = -1; /* its logits: row b */

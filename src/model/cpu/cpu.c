@@ -443,25 +443,25 @@ static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint1
 /* A batched step's rows: each sequence's token alone, as attention / gdn with T = 1. */
 static void cpu_attention_rows(struct backend *be, uint16_t *out, uint16_t *qkv,
                                const uint16_t *q_norm, const uint16_t *k_norm,
-                               uint16_t *const *k_cache, uint16_t *const *v_cache,
-                               const int32_t *pos, int B) {
+                               const struct backend_rows *rows, size_t k_off, size_t v_off, int B) {
     const struct config *c = be->config;
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     const size_t row = (size_t)2 * nH * hd + (size_t)2 * nKV * hd;
     for (int b = 0; b < B; b++)
         cpu_attention(be, out + (size_t)b * nH * hd, qkv + (size_t)b * row, NULL, NULL, NULL,
-                      q_norm, k_norm, k_cache[b], v_cache[b], pos + b, 1);
+                      q_norm, k_norm, (uint16_t *)(rows->kv[b] + k_off),
+                      (uint16_t *)(rows->kv[b] + v_off), rows->pos + b, 1);
 }
 
-static void cpu_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj,
-                         uint16_t *const *conv_state, const uint16_t *conv_w, const float *A_log,
-                         const float *dt_bias, const float *norm_w, float *const *state,
-                         const int32_t *pos, int B) {
+static void cpu_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj, const uint16_t *conv_w,
+                         const float *A_log, const float *dt_bias, const float *norm_w,
+                         const struct backend_rows *rows, size_t state_off, size_t conv_off, int B) {
     const struct config *c = be->config;
     const size_t row = (size_t)c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads;
     for (int b = 0; b < B; b++)
-        gdn_mix(be, out + (size_t)b * c->value_dim, proj + (size_t)b * row, conv_state[b], conv_w,
-                A_log, dt_bias, norm_w, state[b], pos[b], 1, NULL);
+        gdn_mix(be, out + (size_t)b * c->value_dim, proj + (size_t)b * row,
+                (uint16_t *)(rows->gdn[b] + conv_off), conv_w, A_log, dt_bias, norm_w,
+                (float *)(rows->gdn[b] + state_off), rows->pos[b], 1, NULL);
 }
 
 static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos) {

@@ -295,7 +295,16 @@ attn_decode_kernel(uint16_t *out, float *part, int *counters, const uint16_t *qk
                    const uint16_t *q_norm, const uint16_t *k_norm, uint16_t *k_cache,
                    uint16_t *v_cache, const uint16_t *rope_cos, const uint16_t *rope_sin,
                    const int32_t *pos, int nsplit, int short_max, int hd, int rot,
-                   int max_ctx, float scale, float eps, unsigned long long *tr) {
+                   int max_ctx, float scale, float eps, unsigned long long *tr,
+                   struct cuda_attn_rows rows) {
+    if (rows.kv) { /* a batched step's row rows.row (a launch per row) */
+        const int row = rows.row;
+        k_cache = (uint16_t *)(rows.kv[row] + rows.k_off);
+        v_cache = (uint16_t *)(rows.kv[row] + rows.v_off);
+        qkv += (size_t)row * rows.qkv_row;
+        out += (size_t)row * rows.out_row;
+        pos += row;
+    }
     extern __shared__ float sm[];
     float *wsm = sm;                                   /* (ATTN_WARPS, G, hd + 2) warp partials */
     uint4 *qs = (uint4 *)(wsm + (size_t)ATTN_WARPS * G * (hd + 2)); /* (G, 32) q, packed bf16 */
@@ -549,7 +558,15 @@ attn_short_kernel(uint16_t *out, const uint16_t *qkv, const uint16_t *q_norm,
                   const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
                   const uint16_t *rope_cos, const uint16_t *rope_sin, const int32_t *pos, int G,
                   int short_max, int hd, int rot, int max_ctx, float scale, float eps, int *cnt,
-                  int target, unsigned long long *tr) {
+                  int target, unsigned long long *tr, struct cuda_attn_rows rows) {
+    if (rows.kv) { /* a batched step: row blockIdx.y */
+        const int row = blockIdx.y;
+        k_cache = (uint16_t *)(rows.kv[row] + rows.k_off);
+        v_cache = (uint16_t *)(rows.kv[row] + rows.v_off);
+        qkv += (size_t)row * rows.qkv_row;
+        out += (size_t)row * rows.out_row;
+        pos += row;
+    }
     __shared__ float wsm[SHORT_WARPS][256 + 2]; /* per warp: acc (hd), max, sum */
     const int h = blockIdx.x, nH = gridDim.x, nKV = nH / G, kvh = h / G, gi = h % G;
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -981,7 +998,8 @@ extern "C" void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_
 template <int G>
 static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
                           const uint16_t *qkv, uint16_t *k_cache, uint16_t *v_cache,
-                          const int32_t *pos) {
+                          const int32_t *pos, struct cuda_attn_rows rows = cuda_attn_rows(),
+                          int B = 1) {
     int nKV = c->num_key_value_heads, hd = c->head_dim;
     CHECK(hd % 8 == 0 && hd <= 8 * WARP_SIZE && c->rotary_dim <= hd && c->rotary_dim % 16 == 0);
     CHECK(nKV * DEC_CNT_PER_KV <= 256 - DEC_COUNTERS);
@@ -989,7 +1007,7 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
                   sizeof(float);
     void (*kern)(uint16_t *, float *, int *, const uint16_t *, const uint16_t *, const uint16_t *,
                  uint16_t *, uint16_t *, const uint16_t *, const uint16_t *, const int32_t *, int,
-                 int, int, int, int, float, float, unsigned long long *) = attn_decode_kernel<G>;
+                 int, int, int, int, float, float, unsigned long long *, struct cuda_attn_rows) = attn_decode_kernel<G>;
     if (smem > 48 * 1024) GPU_SMEM_OPTIN(kern, smem);
     /* splits: as many as the resident blocks fill (every split of every KV head in one wave),
      * at most the partial buffer's attn_splits and DEC_GROUP^2 (the merge tree's reach) */
@@ -1000,20 +1018,46 @@ static void launch_decode(struct cuda *cu, const struct config *c, int max_ctx, 
     if (ns < 1) ns = 1;
     const float scale = 1.0f / sqrtf((float)hd);
     if (cu->attn_short > 0 && cu->attn_mode != 1) {
-        gpu_launch(cu->pdl, attn_short_kernel, dim3(nKV * G), dim3(SHORT_WARPS * WARP_SIZE), 0,
+        gpu_launch(cu->pdl, attn_short_kernel, dim3(nKV * G, B), dim3(SHORT_WARPS * WARP_SIZE), 0,
                    cu->stream, out, qkv, cu->attn_q_norm, cu->attn_k_norm, k_cache, v_cache,
                    (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, G,
-                   cu->attn_short, hd, c->rotary_dim, max_ctx, scale, c->rms_norm_eps, cu->attn_cnt,
-                   cu->attn_target, cuda_ktrace_slot(cu, 1, nKV * G));
+                   cu->attn_short, hd, c->rotary_dim, max_ctx, scale, c->rms_norm_eps,
+                   rows.kv ? NULL : cu->attn_cnt, cu->attn_target,
+                   rows.kv ? NULL : cuda_ktrace_slot(cu, 1, nKV * G), rows);
         cu->n_launches++;
         if (cu->attn_mode == 0) return;
     }
-    gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
-               cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,
-               k_cache, v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin,
-               pos, ns, cu->attn_short, hd, c->rotary_dim,
-               max_ctx, scale, c->rms_norm_eps, cuda_ktrace_slot(cu, 1, nKV * ns));
-    cu->n_launches++;
+    for (int r = 0; r < B; r++) { /* the split kernel: a launch per row */
+        rows.row = r;
+        gpu_launch(cu->pdl, kern, dim3(nKV, ns), dim3(ATTN_WARPS * WARP_SIZE), smem, cu->stream, out,
+                   cu->attn_part, cu->counters + DEC_COUNTERS, qkv, cu->attn_q_norm, cu->attn_k_norm,
+                   k_cache, v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin,
+                   pos, ns, cu->attn_short, hd, c->rotary_dim, max_ctx, scale, c->rms_norm_eps,
+                   rows.kv ? NULL : cuda_ktrace_slot(cu, 1, nKV * ns), rows);
+        cu->n_launches++;
+    }
+}
+
+/* The batched step's attention rows (cuda_attn_prep(T = 1) recorded the norms first): the short
+ * kernel over every row in one launch (grid y), then (unless every row's context is within it:
+ * cu->attn_mode 0) the split kernel row by row; each row's caches through rows->kv. */
+extern "C" void cuda_attn_decode_rows(struct cuda *cu, const struct config *c, int max_ctx,
+                                      uint16_t *out, const uint16_t *qkv,
+                                      const struct cuda_attn_rows *rows, const int32_t *pos, int B) {
+    CHECK(cu->attn_q_norm && cu->attn_k_norm && rows->kv && B >= 1);
+    switch (c->num_attention_heads / c->num_key_value_heads) {
+    case 1: launch_decode<1>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    case 2: launch_decode<2>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    case 3: launch_decode<3>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    case 4: launch_decode<4>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    case 5: launch_decode<5>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    case 6: launch_decode<6>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    case 7: launch_decode<7>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    case 8: launch_decode<8>(cu, c, max_ctx, out, qkv, NULL, NULL, pos, *rows, B); break;
+    default: CHECK(!"GQA group size (query heads / KV heads) above 8");
+    }
+    cu->attn_q_norm = cu->attn_k_norm = NULL;
+    cu->attn_cnt = NULL;
 }
 
 /* q: unused (the decode kernel normalises and rotates q itself); the caches are written at *pos

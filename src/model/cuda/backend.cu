@@ -645,41 +645,37 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
     op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is (no norm) */
 }
 
-/* A batched step's rows: the decode kernels once per row (the projections around them are the
- * caller's GEMMs over all rows). */
+/* A batched step's rows: every row's mixer in one launch, the states found through the row
+ * tables (so a graph recorded for B rows serves any B sequences); the projections around them
+ * are the caller's GEMMs over all rows. */
 static void op_attention_rows(struct backend *be, uint16_t *out, uint16_t *qkv,
                               const uint16_t *q_norm, const uint16_t *k_norm,
-                              uint16_t *const *k_cache, uint16_t *const *v_cache,
-                              const int32_t *pos, int B) {
+                              const struct backend_rows *rows, size_t k_off, size_t v_off, int B) {
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
-    const size_t row = (size_t)2 * nH * hd + (size_t)2 * nKV * hd;
+    struct cuda_attn_rows ar = {rows->kv, k_off, v_off, (size_t)2 * nH * hd + (size_t)2 * nKV * hd,
+                                (size_t)nH * hd, 0};
     cuda_prof_begin(cu, "attention (decode rows)");
-    for (int b = 0; b < B; b++) {
-        cu->attn_cnt = NULL, cu->attn_target = 0;
-        cuda_attn_prep(cu, c, be->max_ctx, cu->attn_q, qkv + b * row, q_norm, k_norm, k_cache[b],
-                       v_cache[b], pos + b, 1);
-        cuda_attn_decode(cu, c, be->max_ctx, out + (size_t)b * nH * hd, cu->attn_q, qkv + b * row,
-                         k_cache[b], v_cache[b], pos + b);
-    }
+    const int mode = cu->attn_mode;
+    if (mode == 1) cu->attn_mode = -1; /* some rows past the short kernel's reach: both kernels */
+    cu->attn_cnt = NULL, cu->attn_target = 0;
+    cuda_attn_prep(cu, c, be->max_ctx, cu->attn_q, qkv, q_norm, k_norm, NULL, NULL, rows->pos, 1);
+    cuda_attn_decode_rows(cu, c, be->max_ctx, out, qkv, &ar, rows->pos, B);
+    cu->attn_mode = mode;
     cuda_prof_end(cu);
 }
 
-static void op_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj,
-                        uint16_t *const *conv_state, const uint16_t *conv_w, const float *A_log,
-                        const float *dt_bias, const float *norm_w, float *const *state,
-                        const int32_t *pos, int B) {
+static void op_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj, const uint16_t *conv_w,
+                        const float *A_log, const float *dt_bias, const float *norm_w,
+                        const struct backend_rows *rows, size_t state_off, size_t conv_off, int B) {
     struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
-    const size_t row = (size_t)c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads;
-    cuda_prof_begin(cu, "gdn (decode rows)");
-    for (int b = 0; b < B; b++) {
-        cuda_gdn_step(cu, c, cu->gdn_o, cu->gdn_sz, proj + b * row, conv_state[b], conv_w, A_log,
-                      dt_bias, state[b], pos + b, NULL, 0);
-        cuda_gdn_norm(cu, c, out + (size_t)b * c->value_dim, proj + b * row, norm_w, 1);
-    }
-    cuda_prof_end(cu);
+    struct cuda_gdn_rows gr = {rows->gdn, state_off, conv_off,
+                               (size_t)c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads};
+    CHECK((size_t)B * c->value_dim <= cu->xn_elems);
+    PROF("gdn (decode rows)", cuda_gdn_step_rows(cu, c, out, proj, conv_w, A_log, dt_bias, norm_w,
+                                                 &gr, rows->pos, B));
 }
 
 static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos) {

@@ -83,7 +83,17 @@ static __global__ void __launch_bounds__(GDN_THREADS, LPC == 4 ? 5 : 1)
 gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_state,
                 const uint16_t *conv_w, const float *A_log, const float *dt_bias, float *state,
                 const int32_t *pos, int Hk, int Hv, int dv, int *cnt, int target,
-                unsigned long long *tr) {
+                unsigned long long *tr, struct cuda_gdn_rows rows) {
+    if (rows.blocks) { /* a batched step: row blockIdx.z's sequence (no sz: the norm reads z) */
+        const int row = blockIdx.z;
+        char *blk = rows.blocks[row];
+        state = (float *)(blk + rows.state_off);
+        conv_state = (uint16_t *)(blk + rows.conv_off);
+        proj += (size_t)row * rows.proj_row;
+        obuf += (size_t)row * Hv * dv;
+        pos += row;
+        sz = nullptr;
+    }
     constexpr int STEP_COLS = GDN_THREADS / LPC; /* value columns per block */
     const int dk = NR * LPC;
     __shared__ float sq[NR * LPC], sk[NR * LPC], sv[STEP_COLS], red[8];
@@ -180,7 +190,7 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     }
     const int vch = v * dv + col0 + tid; /* this thread's value channel (tid < STEP_COLS) */
     const uint16_t xv = tid < STEP_COLS ? load_coherent_u16(proj + 2 * key_dim + vch) : 0;
-    const uint16_t xz = tid < STEP_COLS && !cnt ? load_coherent_u16(proj + conv_dim + vch) : 0;
+    const uint16_t xz = tid < STEP_COLS && !cnt && sz ? load_coherent_u16(proj + conv_dim + vch) : 0;
     const uint16_t xb = tid == 0 ? load_coherent_u16(proj + conv_dim + value_dim + v) : 0;
     const uint16_t xa = tid == 0 ? load_coherent_u16(proj + conv_dim + value_dim + Hv + v) : 0;
 
@@ -211,7 +221,7 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     /* 3. this block's value channels (owned by this block alone), and (unless the in_proj
      * wrote it: cnt) silu(z) of its columns for the gated norm in the out_proj GEMV */
     if (tid < STEP_COLS) {
-        if (!cnt) sz[vch] = silu_f(bf2f(xz)); /* HF: silu(z) */
+        if (!cnt && sz) sz[vch] = silu_f(bf2f(xz)); /* HF: silu(z) */
         conv_state[(size_t)(2 * key_dim + vch) * 4 + cnew] = xv;
         float acc = vacc;
         acc += vw3 * bf2f(xv);
@@ -659,13 +669,14 @@ template <int DK, int LPC>
 static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                         const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                         const float *A_log, const float *dt_bias, float *state, const int32_t *pos,
-                        int *cnt, int target) {
+                        int *cnt, int target, const struct cuda_gdn_rows &rows, int B) {
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
     CHECK(dv % (GDN_THREADS / LPC) == 0);
-    dim3 grid(Hv, dv / (GDN_THREADS / LPC));
+    dim3 grid(Hv, dv / (GDN_THREADS / LPC), B);
     gpu_launch(cu->pdl, gdn_step_kernel<DK / LPC, LPC>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf,
                sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads, Hv,
-               dv, cnt, target, cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)));
+               dv, cnt, target, rows.blocks ? nullptr : cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)),
+               rows);
     cu->n_launches++;
 }
 
@@ -680,11 +691,12 @@ template <int DK>
 static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz,
                             const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                             const float *A_log, const float *dt_bias, float *state,
-                            const int32_t *pos, int *cnt, int target) {
+                            const int32_t *pos, int *cnt, int target,
+                            const struct cuda_gdn_rows &rows = cuda_gdn_rows(), int B = 1) {
     if (step_lpc(cu, c) == 4)
-        launch_step<DK, 4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target);
+        launch_step<DK, 4>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target, rows, B);
     else
-        launch_step<DK, 8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target);
+        launch_step<DK, 8>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target, rows, B);
 }
 
 /* The decode step kernel cuda_gdn_step launches for this model: registers per thread, threads. */
@@ -714,6 +726,22 @@ extern "C" void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t 
     case 128: launch_step_lpc<128>(cu, c, obuf, sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, cnt, target); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
+}
+
+/* The batched step's rows: B sequences' steps in one launch (grid z), their states found through
+ * rows->blocks; o to cu->gdn_o rows, then the gated norm of all rows into out. */
+extern "C" void cuda_gdn_step_rows(struct cuda *cu, const struct config *c, uint16_t *out,
+                                   const uint16_t *proj, const uint16_t *conv_w, const float *A_log,
+                                   const float *dt_bias, const float *norm_w,
+                                   const struct cuda_gdn_rows *rows, const int32_t *pos, int B) {
+    CHECK(c->linear_conv_kernel_dim == 4 && rows->blocks && B >= 1);
+    switch (c->linear_key_head_dim) {
+    case 32: launch_step_lpc<32>(cu, c, cu->gdn_o, NULL, proj, NULL, conv_w, A_log, dt_bias, NULL, pos, NULL, 0, *rows, B); break;
+    case 64: launch_step_lpc<64>(cu, c, cu->gdn_o, NULL, proj, NULL, conv_w, A_log, dt_bias, NULL, pos, NULL, 0, *rows, B); break;
+    case 128: launch_step_lpc<128>(cu, c, cu->gdn_o, NULL, proj, NULL, conv_w, A_log, dt_bias, NULL, pos, NULL, 0, *rows, B); break;
+    default: CHECK(!"unsupported linear_key_head_dim");
+    }
+    cuda_gdn_norm(cu, c, out, proj, norm_w, B);
 }
 
 /* State columns per block of the chunked pass: 32 where that still gives ~an SM's worth of

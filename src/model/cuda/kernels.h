@@ -14,7 +14,7 @@ extern "C" {
 #include "util.h"
 #include "cuda.h"
 
-#define CUDA_MAX_GRAPHS 264 /* two decode-step variants, argmax or sample, for each of up to 64 sequences, and spare */
+#define CUDA_MAX_GRAPHS 400 /* two decode-step variants, argmax or sample, for each of up to 64 sequences; two batched-step variants for each row count up to 64; spare */
 #define CUDA_ARGMAX_BLOCKS 264
 #define CUDA_STAGE_BYTES (1u << 20) /* pinned staging buffer for small copies */
 
@@ -210,6 +210,17 @@ void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_ctx, uint16
 void cuda_attn_decode(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
                       const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                       const uint16_t *v_cache, const int32_t *pos);
+/* A batched step's attention rows: row b's KV block rows.kv[b] (a device array), its k and v
+ * caches at these byte offsets; qkv and out rows qkv_row / out_row elements apart; row: the row
+ * of a per-row launch (set by the launcher). */
+struct cuda_attn_rows {
+    char *const *kv;
+    size_t k_off, v_off, qkv_row, out_row;
+    int row;
+};
+void cuda_attn_decode_rows(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
+                           const uint16_t *qkv, const struct cuda_attn_rows *rows,
+                           const int32_t *pos, int B);
 void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
                        const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                        const uint16_t *v_cache, const int32_t *pos, int T);
@@ -222,6 +233,16 @@ int cuda_gdn_step_regs(struct cuda *cu, const struct config *c, int *threads); /
 void cuda_gdn_step(struct cuda *cu, const struct config *c, uint16_t *obuf, float *sz, const uint16_t *proj,
                    uint16_t *conv_state, const uint16_t *conv_w, const float *A_log,
                    const float *dt_bias, float *state, const int32_t *pos, int *cnt, int target);
+/* A batched step's DeltaNet rows: row b's states in blocks[b] (a device array) at these byte
+ * offsets, its proj row proj_row elements after the one before. */
+struct cuda_gdn_rows {
+    char *const *blocks;
+    size_t state_off, conv_off, proj_row;
+};
+void cuda_gdn_step_rows(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
+                        const uint16_t *conv_w, const float *A_log, const float *dt_bias,
+                        const float *norm_w, const struct cuda_gdn_rows *rows, const int32_t *pos,
+                        int B);
 /* out (T, value_dim) = the gated RMSNorm of cu->gdn_o (the step's or the scan's o) with z. */
 void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
                    const float *norm_w, int T);
