@@ -477,6 +477,11 @@ static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, cons
              cuda_gemv(cu, out, x, norm_w, W, N, K, eps, accumulate, 0));
         return;
     }
+    if (cuda_gemv_rows_ok(cu, T, K)) {
+        PROF(norm_w ? "gemv rows (rmsnorm)" : "gemv rows (+residual)",
+             cuda_gemv_rows(cu, out, x, norm_w, W, T, N, K, eps, accumulate, 0));
+        return;
+    }
     cuda_prof_begin(cu, "gemm (prefill)");
     const uint16_t *in = x;
     if (norm_w) {
@@ -501,6 +506,10 @@ static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *
     CHECK(T >= 1 && K % 8 == 0);
     if (T == 1) {
         PROF("gemv gate+up+silu", cuda_gemv(cu, out, x, norm_w, W_gu, I, K, eps, 0, 1));
+        return;
+    }
+    if (cuda_gemv_rows_ok(cu, T, K)) {
+        PROF("gemv rows gate+up+silu", cuda_gemv_rows(cu, out, x, norm_w, W_gu, T, I, K, eps, 0, 1));
         return;
     }
     cuda_prof_begin(cu, "gemm swiglu (prefill)");

@@ -700,6 +700,152 @@ extern "C" void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, 
     cu->n_launches++;
 }
 
+/* A few rows at once (a batched decode step of B <= 8 sequences): the weights streamed once for
+ * all B rows, as the decode GEMV streams them for one. The block stages the B rows of x in shared
+ * memory (normalised as cpu.c's rmsnorm_row: a warp per row), then each warp takes a row pair
+ * (a gate row and its up row for SwiGLU) at a time, its lanes streaming U 16-byte words of both
+ * rows per iteration (the next iteration's loads issued before this one's arithmetic) against
+ * every staged row; lane b writes row b's outputs: bf16(y), bf16(out + bf16(y)) with accumulate,
+ * bf16(bf16(silu(bf16(gate))) * bf16(up)) for SwiGLU: cpu.c's rounding points. CUDA cores: 2 R
+ * FMAs a weight, so beyond R ~ 8 the FMAs, not the bytes, bound it (cuBLAS's tensor cores take
+ * larger batches). Bytes: 2 N K (4 I K SwiGLU) + 2 B K per block + 2 B N (x2 accumulating). */
+#define ROWS_THREADS 256
+#define ROWS_U 4
+template <int R>
+static __global__ void __launch_bounds__(ROWS_THREADS)
+gemv_rows_kernel(uint16_t *out, const uint16_t *x, const uint16_t *norm_w, const uint16_t *W, int N,
+                 int K, int B, int accumulate, int swiglu, float eps) {
+    extern __shared__ uint4 xs4[]; /* (B, K / 8) */
+    const int K8 = K / 8, wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    constexpr int WARPS = ROWS_THREADS / WARP_SIZE, U = ROWS_U;
+    for (int b = wid; b < B; b += WARPS) {
+        const uint4 *xr = (const uint4 *)(x + (size_t)b * K);
+        uint4 *xd = xs4 + (size_t)b * K8;
+        float ss = 0.0f;
+        for (int i = lane; i < K8; i += WARP_SIZE) {
+            const uint4 v = xr[i];
+            xd[i] = v;
+            float f[8];
+            unpack8(v, f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+        }
+        if (!norm_w) continue;
+        const float r = 1.0f / sqrtf(warp_sum(ss) / (float)K + eps);
+        for (int i = lane; i < K8; i += WARP_SIZE) {
+            float f[8], g[8];
+            unpack8(xd[i], f);
+            unpack8(((const uint4 *)norm_w)[i], g);
+            uint4 o;
+            o.x = pack_bf(f[0] * r * (1.0f + g[0]), f[1] * r * (1.0f + g[1]));
+            o.y = pack_bf(f[2] * r * (1.0f + g[2]), f[3] * r * (1.0f + g[3]));
+            o.z = pack_bf(f[4] * r * (1.0f + g[4]), f[5] * r * (1.0f + g[5]));
+            o.w = pack_bf(f[6] * r * (1.0f + g[6]), f[7] * r * (1.0f + g[7]));
+            xd[i] = o;
+        }
+    }
+    __syncthreads();
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const int n_pairs = swiglu ? N : (N + 1) / 2;
+    for (int p = blockIdx.x * WARPS + wid; p < n_pairs; p += gridDim.x * WARPS) {
+        int r0, r1;
+        bool has1;
+        if (swiglu) gemv_rows<true>(p, N, r0, r1, has1);
+        else gemv_rows<false>(p, N, r0, r1, has1);
+        const uint4 *w0 = (const uint4 *)(W + (size_t)r0 * K), *w1 = (const uint4 *)(W + (size_t)r1 * K);
+        float a0[R], a1[R];
+#pragma unroll
+        for (int b = 0; b < R; b++) a0[b] = a1[b] = 0.0f;
+        uint4 A[U], Bw[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = lane + u * WARP_SIZE;
+            A[u] = i < K8 ? load_stream(w0 + i) : zero;
+            Bw[u] = i < K8 ? load_stream(w1 + i) : zero;
+        }
+        for (int k = lane; k < K8; k += U * WARP_SIZE) {
+            uint4 An[U], Bn[U]; /* the next iteration's words, in flight during this one's sums */
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i = k + (U + u) * WARP_SIZE;
+                An[u] = i < K8 ? load_stream(w0 + i) : zero;
+                Bn[u] = i < K8 ? load_stream(w1 + i) : zero;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i = k + u * WARP_SIZE;
+                if (i >= K8) break;
+                float fa[8], fb[8];
+                unpack8(A[u], fa);
+                unpack8(Bw[u], fb);
+#pragma unroll
+                for (int b = 0; b < R; b++) {
+                    if (b >= B) break;
+                    float fx[8];
+                    unpack8(xs4[(size_t)b * K8 + i], fx);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        a0[b] = fmaf(fa[j], fx[j], a0[b]);
+                        a1[b] = fmaf(fb[j], fx[j], a1[b]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) A[u] = An[u], Bw[u] = Bn[u];
+        }
+        float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+        for (int b = 0; b < R; b++) {
+            if (b >= B) break;
+            const float s0 = warp_sum(a0[b]), s1 = warp_sum(a1[b]);
+            if (lane == b) y0 = s0, y1 = s1;
+        }
+        if (lane >= B) continue;
+        uint16_t *o = out + (size_t)lane * N;
+        if (swiglu) {
+            o[p] = f2bf(bfr(silu_f(bfr(y0))) * bfr(y1));
+        } else {
+            const float m0 = bfr(y0), m1 = bfr(y1);
+            o[r0] = f2bf(accumulate ? bf2f(o[r0]) + m0 : m0);
+            if (has1) o[r1] = f2bf(accumulate ? bf2f(o[r1]) + m1 : m1);
+        }
+    }
+}
+
+template <int R>
+static void launch_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x,
+                             const uint16_t *norm_w, const uint16_t *W, int T, int N, int K,
+                             float eps, int accumulate, int swiglu) {
+    const size_t smem = (size_t)T * K * 2;
+    static int opted; /* per instance: the largest size asked for so far */
+    if (smem > 48 * 1024 && (size_t)opted < smem) {
+        GPU_SMEM_OPTIN(gemv_rows_kernel<R>, smem);
+        opted = (int)smem;
+    }
+    const long pairs = swiglu ? N : (N + 1) / 2, warps = ROWS_THREADS / WARP_SIZE;
+    int occ = gpu_occupancy(gemv_rows_kernel<R>, ROWS_THREADS, smem);
+    if (occ < 1) occ = 1;
+    long blocks = (pairs + warps - 1) / warps;
+    if (blocks > (long)occ * cu->info.n_sm) blocks = (long)occ * cu->info.n_sm;
+    gemv_rows_kernel<R><<<(unsigned)blocks, ROWS_THREADS, smem, cu->stream>>>(
+        out, x, norm_w, W, N, K, T, accumulate, swiglu, eps);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
+extern "C" int cuda_gemv_rows_ok(const struct cuda *cu, int T, int K) {
+    return T >= 2 && T <= 8 && K % 8 == 0 && (size_t)T * K * 2 <= (size_t)cu->info.smem_optin;
+}
+
+extern "C" void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x,
+                               const uint16_t *norm_w, const uint16_t *W, int T, int N, int K,
+                               float eps, int accumulate, int swiglu) {
+    CHECK(cuda_gemv_rows_ok(cu, T, K));
+    if (T <= 2) launch_gemv_rows<2>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
+    else if (T <= 4) launch_gemv_rows<4>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
+    else launch_gemv_rows<8>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
+}
+
 /* cuBLAS GEMM: out (T, N) = x (T, K) W^T, W (N, K). FLOPs: 2 T N K. */
 extern "C" void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
                           int T, int N, int K) {
