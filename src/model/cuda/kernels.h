@@ -196,8 +196,8 @@ void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const fl
 int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                     const uint16_t *W, int N, int K, float eps, const struct cuda_early *e);
 long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm);
-/* T = 2..8 rows (a batched decode step): out (T, N) as cuda_gemv's, the weights streamed once
- * for every row, where cuda_gemv_rows_ok (x's rows fit in shared memory). */
+/* T = 2 rows (a batched decode step of two sequences): out (T, N) as cuda_gemv's, the weights
+ * streamed once for both rows, where cuda_gemv_rows_ok. */
 int cuda_gemv_rows_ok(const struct cuda *cu, int T, int K);
 void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                     const uint16_t *W, int T, int N, int K, float eps, int accumulate, int swiglu);

@@ -700,15 +700,17 @@ extern "C" void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, 
     cu->n_launches++;
 }
 
-/* A few rows at once (a batched decode step of B <= 8 sequences): the weights streamed once for
- * all B rows, as the decode GEMV streams them for one. The block stages the B rows of x in shared
+/* Two rows at once (a batched decode step of 2 sequences): the weights streamed once for both
+ * rows, as the decode GEMV streams them for one. The block stages the B rows of x in shared
  * memory (normalised as cpu.c's rmsnorm_row: a warp per row), then each warp takes a row pair
  * (a gate row and its up row for SwiGLU) at a time, its lanes streaming U 16-byte words of both
  * rows per iteration (the next iteration's loads issued before this one's arithmetic) against
  * every staged row; lane b writes row b's outputs: bf16(y), bf16(out + bf16(y)) with accumulate,
- * bf16(bf16(silu(bf16(gate))) * bf16(up)) for SwiGLU: cpu.c's rounding points. CUDA cores: 2 R
- * FMAs a weight, so beyond R ~ 8 the FMAs, not the bytes, bound it (cuBLAS's tensor cores take
- * larger batches). Bytes: 2 N K (4 I K SwiGLU) + 2 B K per block + 2 B N (x2 accumulating). */
+ * bf16(bf16(silu(bf16(gate))) * bf16(up)) for SwiGLU: cpu.c's rounding points. CUDA cores: R
+ * FMAs a weight for R rows, and the FMAs, not the bytes, bound it from 3 rows on. Run 163 (4B
+ * batched step, R = 2 / 4 / 8 instances against cuBLAS + the norm / add / SwiGLU kernels): B 2
+ * 3.25 ms against 3.49, B 3 3.48 (cuBLAS ~3.5), B 4 3.73 against 3.57, B 8 5.77 against 3.83:
+ * kept for 2 rows only. Bytes: 2 N K (4 I K SwiGLU) + 2 B K per block + 2 B N (x2 accumulating). */
 #define ROWS_THREADS 256
 #define ROWS_U 4
 template <int R>
@@ -834,16 +836,14 @@ static void launch_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x,
 }
 
 extern "C" int cuda_gemv_rows_ok(const struct cuda *cu, int T, int K) {
-    return T >= 2 && T <= 8 && K % 8 == 0 && (size_t)T * K * 2 <= (size_t)cu->info.smem_optin;
+    return T == 2 && K % 8 == 0 && (size_t)T * K * 2 <= (size_t)cu->info.smem_optin;
 }
 
 extern "C" void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x,
                                const uint16_t *norm_w, const uint16_t *W, int T, int N, int K,
                                float eps, int accumulate, int swiglu) {
     CHECK(cuda_gemv_rows_ok(cu, T, K));
-    if (T <= 2) launch_gemv_rows<2>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
-    else if (T <= 4) launch_gemv_rows<4>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
-    else launch_gemv_rows<8>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
+    launch_gemv_rows<2>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
 }
 
 /* cuBLAS GEMM: out (T, N) = x (T, K) W^T, W (N, K). FLOPs: 2 T N K. */
