@@ -579,6 +579,23 @@ static void check_rows(struct pair *p, const struct config *c, const char *tag, 
     }
     for (int i = 0; i < 2; i++) free(aout[i]), free(gout[i]);
     free(qkv), free(qn), free(kn), free(proj), free(cw), free(A_log), free(dt_bias), free(nw);
+    { /* the rows' greedy choices at once (argmax_rows), a tie in row 1 (lowest index wins) */
+        const int V = c->vocab_size;
+        uint16_t *lg = rand_bf16((size_t)B * V, 3.0f);
+        if (B > 1) lg[(size_t)V + 7] = lg[(size_t)V + V - 3] = f32_to_bf16(100.0f);
+        int32_t got[2][8];
+        for (int i = 0; i < 2; i++) {
+            struct backend *be = bes[i];
+            void *dl = up(be, lg, (size_t)B * V * 2), *dout = be->ops->alloc(be, 8 * sizeof(int32_t));
+            be->ops->argmax_rows(be, dout, dl, V, B);
+            be->ops->download(be, got[i], dout, (size_t)B * sizeof(int32_t));
+            be->ops->free(be, dl), be->ops->free(be, dout);
+        }
+        snprintf(what, sizeof what, "%s argmax rows B=%d", tag, B);
+        EXPECT(memcmp(got[0], got[1], (size_t)B * sizeof(int32_t)) == 0 && (B < 2 || got[1][1] == 7), "%s", what);
+        printf("  %-44s %s\n", what, memcmp(got[0], got[1], (size_t)B * sizeof(int32_t)) == 0 ? "same" : "<-- FAIL");
+        free(lg);
+    }
 }
 
 static void check_embed_argmax(struct pair *p, const struct config *c, const char *tag,

@@ -162,7 +162,7 @@ static int bench_batch(struct model *m, const char *list) {
         for (int st = 0; st < 36; st++) { /* 4 untimed: shapes, first use */
             if (st == 4) t0 = now_ms();
             if (model_step_rows(m, seqs, tok, B) != 0) return 1;
-            for (int b = 0; b < B; b++) model_row_argmax(m, b);
+            model_rows_argmax(m, B);
             model_row_choices(m, B, tok);
         }
         const double ms = (now_ms() - t0) / 32;
@@ -178,7 +178,7 @@ static int bench_batch(struct model *m, const char *list) {
         backend_cuda_profile(be, 1);
         for (int st = 0; st < 3; st++) {
             model_step_rows(m, seqs, tok, last_B);
-            for (int b = 0; b < last_B; b++) model_row_argmax(m, b);
+            model_rows_argmax(m, last_B);
             model_row_choices(m, last_B, tok);
         }
         backend_cuda_profile_report(be, stdout, 3);

@@ -563,12 +563,14 @@ static int token_cur(struct engine *e, struct slot *s, int solo) {
 static void tokens_rows(struct engine *e, struct slot **rs, int n) {
     int32_t ids[MODEL_MAX_BATCH];
     int B = 0;
+    for (int i = 0; i < n; i++)
+        if (rs[i]->row + 1 > B) B = rs[i]->row + 1;
+    model_rows_argmax(e->m, B); /* every row's greedy choice; the sampled rows' drawn over it */
     for (int i = 0; i < n; i++) {
         struct slot *s = rs[i];
         const struct engine_request *r = s->r;
-        if (s->row + 1 > B) B = s->row + 1;
         if (s->n_gen < r->n_forced || s->greedy_plain) {
-            model_row_argmax(e->m, s->row);
+            continue;
         } else if (s->dev_sample) {
             if (r->grammar) model_seq_sample_mask(e->m, s->seq, grammar_mask_of_step(e, s));
             model_row_sample(e->m, s->row, s->seq);

@@ -246,6 +246,9 @@ struct backend_ops {
      * the choice is posted to the host as the backend's next post (numbered 1, 2, ... from its
      * creation), so that the next step can be queued before the host has read this one. */
     void (*argmax)(struct backend *be, int32_t *out, const uint16_t *x, int n, int32_t *pos);
+    /* out[b] = argmax of row b of x (B rows of n, a batched step's logits), as argmax without
+     * pos. */
+    void (*argmax_rows)(struct backend *be, int32_t *out, const uint16_t *x, int n, int B);
     /* The choice of post number n, waiting for it but not for the work queued after it. The
      * backend keeps the last BACKEND_POSTS posts: n must not be older. */
     int32_t (*choice_wait)(struct backend *be, int64_t n);

@@ -997,8 +997,9 @@ static const uint16_t *row_logits(const struct model *m, int b) {
     return m->row_logits + (size_t)b * m->config.vocab_size;
 }
 
-void model_row_argmax(struct model *m, int b) {
-    m->be->ops->argmax(m->be, m->row_choice + b, row_logits(m, b), m->config.vocab_size, NULL);
+void model_rows_argmax(struct model *m, int B) {
+    CHECK(B >= 1 && B <= m->n_rows);
+    m->be->ops->argmax_rows(m->be, m->row_choice, m->row_logits, m->config.vocab_size, B);
 }
 
 void model_row_sample(struct model *m, int b, struct model_seq *s) {

@@ -139,13 +139,14 @@ int model_logprobs(struct model *m, int k, int32_t chosen, float *lse, float *ch
  * the MLP are matmuls over the B rows; attention and DeltaNet run on each sequence's own state).
  * Each row computes what model_step computes for its sequence alone (bit-identical on the CPU
  * backend, whose matmul sums a row the same way in any batch). Row b's logits stay in the
- * step's rows: model_row_argmax / model_row_sample (under s's sampling, model_sample_begin with
- * s current; its mask: model_seq_sample_mask) queue row b's choice, model_row_choices waits and
+ * step's rows: model_row_sample (under s's sampling, model_sample_begin with
+ * s current; its mask: model_seq_sample_mask) queue row b's choice (model_rows_argmax: the
+ * greedy choice of rows 0..B-1 at once, a later model_row_sample replacing row b's), model_row_choices waits and
  * reads the first B; model_row_logits / model_row_logprobs read them for the host. -1 when a
  * sequence's context is full (nothing run). */
 #define MODEL_MAX_BATCH 64
 int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B);
-void model_row_argmax(struct model *m, int b);
+void model_rows_argmax(struct model *m, int B);
 void model_row_sample(struct model *m, int b, struct model_seq *s);
 void model_row_choices(struct model *m, int B, int32_t *out);
 void model_row_logits(struct model *m, int b, float *out);

@@ -479,6 +479,10 @@ static void cpu_argmax(struct backend *be, int32_t *out, const uint16_t *x, int 
     }
 }
 
+static void cpu_argmax_rows(struct backend *be, int32_t *out, const uint16_t *x, int n, int B) {
+    for (int b = 0; b < B; b++) cpu_argmax(be, out + b, x + (size_t)b * n, n, NULL);
+}
+
 /* The sample op (backend.h, struct backend_sampling): the processed logit of each token, the
  * k best by it (ties: lower id) or the best by l / T plus Gumbel noise, then the filters and the
  * draw over those candidates in order, in float as the CUDA kernel computes them. */
@@ -585,6 +589,7 @@ static const struct backend_ops cpu_ops = {
     .attention_rows = cpu_attention_rows,
     .gdn_rows = cpu_gdn_rows,
     .argmax = cpu_argmax,
+    .argmax_rows = cpu_argmax_rows,
     .choice_wait = cpu_choice_wait,
     .sample = cpu_sample,
     .logprobs = cpu_logprobs,

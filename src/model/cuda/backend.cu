@@ -692,6 +692,15 @@ static void op_argmax(struct backend *be, int32_t *out, const uint16_t *x, int n
     PROF("argmax", cuda_argmax(cu, out, x, n, pos));
 }
 
+static void op_argmax_rows(struct backend *be, int32_t *out, const uint16_t *x, int n, int B) {
+    struct cuda *cu = cuda_of(be);
+    if (n % 8) { /* the row kernel reads 16-byte words */
+        for (int b = 0; b < B; b++) op_argmax(be, out + b, x + (size_t)b * n, n, NULL);
+        return;
+    }
+    PROF("argmax rows", cuda_argmax_rows(cu, out, x, n, B));
+}
+
 static void op_sample(struct backend *be, int32_t *out, const uint16_t *x, int n,
                       const struct backend_sample_state *st, int32_t *pos, int host_pos) {
     struct cuda *cu = cuda_of(be);
@@ -763,6 +772,7 @@ static const struct backend_ops cuda_ops = {
     op_attention_rows,
     op_gdn_rows,
     op_argmax,
+    op_argmax_rows,
     op_choice_wait,
     op_sample,
     op_logprobs,

@@ -202,6 +202,7 @@ int cuda_gemv_rows_ok(const struct cuda *cu, int T, int K);
 void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                     const uint16_t *W, int T, int N, int K, float eps, int accumulate, int swiglu);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
+void cuda_argmax_rows(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int B);
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);
 void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T, int N,
                int K);

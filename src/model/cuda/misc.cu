@@ -126,6 +126,43 @@ static __global__ void argmax_kernel(int32_t *out, const uint16_t *x, int n, flo
     }
 }
 
+/* The argmax of each of B rows (a batched step's logits, rows n apart): a block per row, lowest
+ * index on ties. Bytes: 2 B n. */
+static __global__ void argmax_rows_kernel(int32_t *out, const uint16_t *x, int n) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const uint16_t *xr = x + (size_t)blockIdx.x * n;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    const int n8 = n / 8;
+    const uint4 *x8 = (const uint4 *)xr; /* n is a multiple of 8 (checked by the launcher) */
+    for (int k = threadIdx.x; k < n8; k += blockDim.x) {
+        float f[8];
+        unpack8(x8[k], f);
+#pragma unroll
+        for (int j = 0; j < 8; j++) better(bv, bi, f[j], 8 * k + j);
+    }
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
+        float v2 = shfl_xor(bv, o);
+        int i2 = shfl_xor_int(bi, o);
+        better(bv, bi, v2, i2);
+    }
+    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (lane == 0) sv[wid] = bv, si[wid] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x / WARP_SIZE); w++) better(bv, bi, sv[w], si[w]);
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi; /* all NaN: 0 */
+    }
+}
+
+extern "C" void cuda_argmax_rows(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int B) {
+    CHECK(n % 8 == 0 && B >= 1);
+    argmax_rows_kernel<<<B, 1024, 0, cu->stream>>>(out, x, n);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
 extern "C" void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table,
                            const int32_t *ids, int T, int H, int V) {
     embed_kernel<<<T, 128, 0, cu->stream>>>(out, table, ids, H, V);
