@@ -22,7 +22,7 @@ import time
 import urllib.parse
 
 
-def one(url, model, key, cid, rid, max_tokens, forced):
+def one(url, model, key, cid, rid, max_tokens, forced, started=None):
     u = urllib.parse.urlparse(url)
     c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=600)
     tag = f"client {cid} request {rid}"
@@ -39,7 +39,7 @@ def one(url, model, key, cid, rid, max_tokens, forced):
     c.request("POST", "/v1/chat/completions", json.dumps(body), h)
     r = c.getresponse()
     first = last = None
-    text, usage, n_events = "", None, 0
+    text, usage, n_events, timings = "", None, 0, None
     for raw in r:
         line = raw.decode("utf-8", "replace").strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -47,11 +47,15 @@ def one(url, model, key, cid, rid, max_tokens, forced):
         ev = json.loads(line[6:])
         if ev.get("usage"):
             usage = ev["usage"]
+        if ev.get("timings"):
+            timings = ev["timings"]
         for ch in ev.get("choices", []):
             d = ch.get("delta", {})
             piece = (d.get("content") or "") + (d.get("reasoning_content") or "")
             if piece:
                 now = time.perf_counter()
+                if first is None and started is not None:
+                    started.wait()
                 first = first or now
                 last = now
                 text += piece
@@ -59,6 +63,7 @@ def one(url, model, key, cid, rid, max_tokens, forced):
     c.close()
     n = (usage or {}).get("completion_tokens", 0)
     return {"tag": tag, "status": r.status, "ttft": (first - t0) if first else None,
+            "prompt_ms": timings.get("prompt_ms") if timings else None,
             "stream_s": (last - first) if first and last else None, "tokens": n, "text": text,
             "events": n_events}
 
@@ -90,6 +95,29 @@ def round_(a, clients):
             "ttft_p50_ms": p(0.5), "ttft_p99_ms": p(0.99), "wall_s": wall}
 
 
+def late(a, streaming):
+    """A request arriving while `streaming` others stream (issue 27: its first token within 50 ms
+    plus its own prefill): they start, and once all have their first token, one more request of
+    the same shape is sent; its TTFT against the server's prompt_ms for it (its prefill + first
+    token, timings.prompt_ms)."""
+    res, lock, started = [], threading.Lock(), threading.Barrier(streaming + 1)
+
+    def worker(cid):
+        x = one(a.url, a.model, a.api_key, cid, 0, a.max_tokens * 4, a.forced, started)
+        with lock:
+            res.append(x)
+
+    th = [threading.Thread(target=worker, args=(i,)) for i in range(streaming)]
+    for t in th:
+        t.start()
+    started.wait()  # every stream has its first token
+    time.sleep(0.05)
+    x = one(a.url, a.model, a.api_key, streaming, 0, 8, a.forced)
+    for t in th:
+        t.join()
+    return x
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8080")
@@ -100,6 +128,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--forced", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--late", type=int, default=0,
+                    help="also: one request arriving while this many others stream")
     a = ap.parse_args()
     rows = []
     print("| clients | requests | complete | mixed | aggregate tok/s | per-stream tok/s | "
@@ -114,6 +144,12 @@ def main():
         for r in rows[1:]:
             print(f"{r['clients']} clients: aggregate {r['aggregate_tps'] / rows[0]['aggregate_tps']:.2f}x "
                   f"one client's, per-stream {100 * r['per_stream_tps'] / rows[0]['per_stream_tps']:.0f}%")
+    if a.late:
+        x = late(a, a.late)
+        pm = x["prompt_ms"]
+        print(f"a request arriving while {a.late} others stream: TTFT {x['ttft'] * 1e3:.1f} ms, its "
+              f"prompt_ms (prefill + first token) {pm:.1f} ms, so {x['ttft'] * 1e3 - pm:.1f} ms beyond its own "
+              f"prefill" if pm is not None else "a late request: no timings")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

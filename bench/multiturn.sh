@@ -158,7 +158,8 @@ concurrency) # bench/concurrency.py: 1, 4, 16, 64 streaming clients (carry .carr
     port=18082
     serve $port "$OUT/serve-concurrency.log" --ctx 8192 --test-forced-output
     timeout 300 python3 bench/concurrency.py --url "http://127.0.0.1:$port" --forced \
-        --clients "${CLIENTS:-1,4,16,64}" --max-tokens "${MAXTOK:-64}" --json "$OUT/concurrency.json" \
+        --clients "${CLIENTS:-1,4,16,64}" --max-tokens "${MAXTOK:-64}" --requests "${REQUESTS:-1}" \
+        --late "${LATE:-15}" --json "$OUT/concurrency.json" \
         | tee "$OUT/concurrency.md"
     kill $pid; wait $pid
     ;;
