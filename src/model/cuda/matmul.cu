@@ -846,6 +846,116 @@ extern "C" void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x
     launch_gemv_rows<2>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
 }
 
+/* 3..16 rows (a batched decode step) on tensor cores, the weights streamed once: a block per 16
+ * weight rows (SwiGLU: 8 gate rows and their up rows), its 8 warps each a slice of K, the rows of
+ * x as mma's 8-wide n operand (two n tiles beyond 8 rows). The k order inside a 32-wide chunk is
+ * permuted alike for both operands so that each thread loads 16-byte words: thread t of a row
+ * group holds words t (8 values) of the chunk, and the fragment pairs of k-steps 0 and 1 are that
+ * word's halves. x comes normalised (cuda_rmsnorm before, as the cuBLAS path); the warps' partial
+ * sums meet in shared memory, and the first warp writes bf16(y) (bf16(out + bf16(y))
+ * accumulating; bf16(bf16(silu(bf16(gate))) * bf16(up)) SwiGLU): cpu.c's rounding points.
+ * Bytes: 2 N K (4 I K SwiGLU) + 2 T K per block (L1 / L2) + 2 T N (x2 accumulating); FLOPs:
+ * 2 16 N K on the tensor cores (8-row tiles; rows past T are zeros). */
+#define TC_WARPS 8
+#define TC_U 4
+template <int NT>
+static __global__ void __launch_bounds__(TC_WARPS * WARP_SIZE)
+gemm_rows_tc_kernel(uint16_t *out, const uint16_t *x, const uint16_t *W, int N, int K, int T,
+                    int accumulate, int swiglu) {
+    __shared__ float red[TC_WARPS][NT][4][WARP_SIZE];
+    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3, tile = blockIdx.x;
+    /* fragment rows g and g + 8: their weight rows */
+    const int rA = swiglu ? tile * 8 + g : tile * 16 + g;
+    const int rB = swiglu ? N + tile * 8 + g : tile * 16 + 8 + g;
+    const bool okA = swiglu ? tile * 8 + g < N : rA < N, okB = swiglu ? okA : rB < N;
+    const uint4 *wa = (const uint4 *)(W + (size_t)(okA ? rA : 0) * K);
+    const uint4 *wb = (const uint4 *)(W + (size_t)(okB ? rB : 0) * K);
+    const uint4 *xr[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int n = j * 8 + g;
+        xok[j] = n < T;
+        xr[j] = (const uint4 *)(x + (size_t)(xok[j] ? n : 0) * K);
+    }
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const int per = K / 32 / TC_WARPS, c0 = wid * per, c1 = c0 + per;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int c = c0; c < c1; c += TC_U) {
+        uint4 A[TC_U], Bw[TC_U], X[TC_U][NT];
+#pragma unroll
+        for (int u = 0; u < TC_U; u++) {
+            const int i = (c + u) * 4 + t;
+            const bool ok = c + u < c1;
+            A[u] = ok && okA ? load_stream(wa + i) : zero;
+            Bw[u] = ok && okB ? load_stream(wb + i) : zero;
+#pragma unroll
+            for (int j = 0; j < NT; j++) X[u][j] = ok && xok[j] ? __ldg(xr[j] + i) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < TC_U; u++) {
+            const uint32_t a0[4] = {A[u].x, Bw[u].x, A[u].y, Bw[u].y};
+            const uint32_t a1[4] = {A[u].z, Bw[u].z, A[u].w, Bw[u].w};
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                mma_bf16(acc[j], a0, X[u][j].x, X[u][j].y);
+                mma_bf16(acc[j], a1, X[u][j].z, X[u][j].w);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[wid][j][i][lane] = acc[j][i];
+    __syncthreads();
+    if (wid != 0) return;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < TC_WARPS; w++) s += red[w][j][i][lane];
+            v[i] = s;
+        }
+        /* v[0], v[1]: row g at n = 8 j + 2 t, + 1; v[2], v[3]: row g + 8 */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int n = j * 8 + 2 * t + h;
+            if (n >= T) continue;
+            uint16_t *o = out + (size_t)n * N;
+            if (swiglu) {
+                if (okA) o[tile * 8 + g] = f2bf(bfr(silu_f(bfr(v[h]))) * bfr(v[2 + h]));
+            } else {
+                const float m0 = bfr(v[h]), m1 = bfr(v[2 + h]);
+                if (okA) o[rA] = f2bf(accumulate ? bf2f(o[rA]) + m0 : m0);
+                if (okB) o[rB] = f2bf(accumulate ? bf2f(o[rB]) + m1 : m1);
+            }
+        }
+    }
+}
+
+extern "C" int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K) {
+    (void)cu;
+    return T >= 3 && T <= 16 && K % (32 * TC_WARPS) == 0;
+}
+
+extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
+                               int T, int N, int K, int accumulate, int swiglu) {
+    CHECK(cuda_gemm_rows_ok(cu, T, K));
+    const unsigned tiles = (unsigned)(swiglu ? (N + 7) / 8 : (N + 15) / 16);
+    if (T <= 8)
+        gemm_rows_tc_kernel<1><<<tiles, TC_WARPS * WARP_SIZE, 0, cu->stream>>>(out, x, W, N, K, T, accumulate, swiglu);
+    else
+        gemm_rows_tc_kernel<2><<<tiles, TC_WARPS * WARP_SIZE, 0, cu->stream>>>(out, x, W, N, K, T, accumulate, swiglu);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
 /* cuBLAS GEMM: out (T, N) = x (T, K) W^T, W (N, K). FLOPs: 2 T N K. */
 extern "C" void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
                           int T, int N, int K) {
