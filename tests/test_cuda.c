@@ -724,8 +724,7 @@ static void check_size(const char *size) {
     int nKV = c.num_key_value_heads, hd = c.head_dim;
     int gdn_rows = c.conv_dim + c.value_dim + 2 * c.linear_num_value_heads;
     int attn_rows = 2 * nH * hd + 2 * nKV * hd;
-    static const int Ts[] = {1, 2, 3, 7, 12, 16, 17}; /* the GEMV, the two-row GEMV, the
-                                                     * tensor-core rows (3..16), cuBLAS */
+    static const int Ts[] = {1, 2, 3, 7, 12}; /* the GEMV, the two-row GEMV, cuBLAS */
     for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
         const int T = Ts[ti];
         check_matmul(&p, size, T, gdn_rows, H, 1, 0);
