@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,6 +313,39 @@ static void *load_client(void *arg) {
         free(t);
         free(b);
         resp_free(&r);
+    }
+    return NULL;
+}
+
+/* During the load: a client that opens long streams and goes away after a few events (its
+ * generation cancelled while others share its steps), and a watcher of how many requests run at
+ * once (continuous batching: more than one). */
+static atomic_int g_load_done;
+static int g_max_running, g_dropped;
+static void *dropper_client(void *arg) {
+    (void)arg;
+    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"Go on forever.\"}],"
+                    "\"max_tokens\":100000,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}";
+    for (int i = 0; i < 4; i++) {
+        int fd = connect_port(g_port);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        send_request(fd, "POST", "/v1/chat/completions", NULL, b, strlen(b), 1);
+        struct resp r;
+        memset(&r, 0, sizeof r);
+        read_response(fd, &r, &t0, 3);
+        if (r.n_events >= 3) g_dropped++;
+        close(fd);
+        resp_free(&r);
+    }
+    return NULL;
+}
+static void *running_watcher(void *arg) {
+    (void)arg;
+    while (!atomic_load(&g_load_done)) {
+        const int n = (int)metric("strata_requests_running");
+        if (n > g_max_running) g_max_running = n;
+        usleep(20000);
     }
     return NULL;
 }
@@ -923,16 +957,28 @@ static void test_load(void) {
             free(b);
             resp_free(&r);
         }
+    const double cancelled0 = metric("strata_generations_cancelled_total");
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    pthread_t th[N_CLIENTS];
+    pthread_t th[N_CLIENTS], dropper, watcher;
+    atomic_store(&g_load_done, 0);
+    pthread_create(&watcher, NULL, running_watcher, NULL);
     for (int c = 0; c < N_CLIENTS; c++) pthread_create(&th[c], NULL, load_client, (void *)(intptr_t)c);
+    pthread_create(&dropper, NULL, dropper_client, NULL);
     for (int c = 0; c < N_CLIENTS; c++) pthread_join(th[c], NULL);
+    pthread_join(dropper, NULL);
     double ms = ms_since(&t0);
+    atomic_store(&g_load_done, 1);
+    pthread_join(watcher, NULL);
+    EXPECT(g_max_running >= 2, "requests generated at once during the load: at most %d", g_max_running);
+    EXPECT(g_dropped == 4, "the dropping client got its first events %d of 4 times", g_dropped);
+    for (int i = 0; i < 100 && metric("strata_generations_cancelled_total") < cancelled0 + 4; i++) usleep(20000);
+    EXPECT(metric("strata_generations_cancelled_total") >= cancelled0 + 4,
+           "the 4 streams whose client went away mid-load were cancelled");
     int bad = 0;
     for (int c = 0; c < N_CLIENTS; c++) bad += g_load_bad[c];
-    printf("load: %d clients x %d streaming requests in %.0f ms, %d mismatched\n", N_CLIENTS,
-           N_PER_CLIENT, ms, bad);
+    printf("load: %d clients x %d streaming requests in %.0f ms, %d mismatched, up to %d at once\n",
+           N_CLIENTS, N_PER_CLIENT, ms, bad, g_max_running);
     EXPECT(bad == 0, "%d of %d concurrent responses differ from the same request alone", bad,
            N_CLIENTS * N_PER_CLIENT);
 #ifdef __SANITIZE_ADDRESS__
