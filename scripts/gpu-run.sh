@@ -182,7 +182,7 @@ if has compare && [ $build_ok = 1 ] && [ -x $BUILD/strata_logits ]; then
         PYTHONUNBUFFERED=1 python3 tools/compare_transformers.py compare --size "$s" --work "$MODELS" \
             --strata-logits "$BUILD/strata_logits" --json "$LOG/compare-$s.json" 2>&1 \
             | tee "$LOG/compare-$s.log" | grep -v "^    train step" | grep -E "^\s+\[|greedy|prefill|PASS|FAIL|failed|Error|error" | head -20
-        note "compare $s: $(grep -E '\[untrained\]|\[trained\]|greedy seq|prefill .* steps' "$LOG/compare-$s.log" | sed 's/^ *//' | tr '\n' ';' | cut -c1-900)"
+        note "compare $s: $(grep -E '\[untrained\]|\[trained\]|greedy seq|prefill .* steps|batched .B' "$LOG/compare-$s.log" | sed 's/^ *//' | tr '\n' ';' | cut -c1-900)"
         rm -rf "$MODELS/cmp-$s"
     done
 fi

@@ -20,7 +20,9 @@ with the random numbers drawn on the GPU, which takes seconds instead of minutes
      and 4B, lm_head + final norm only for 9B), saves it again, and repeats 2 on the trained model;
   4. greedy 64-token continuation of a memorised 16-token prefix: strata must equal transformers
      bf16 token for token;
-  5. strata prefill-then-step against step-only (tools/strata_logits.c "steps").
+  5. strata prefill-then-step against step-only (tools/strata_logits.c "steps");
+  6. on the memorised model, batched decode (4 sequences stepped together, continuous batching)
+     against each one's single-sequence steps (tools/strata_logits.c "rows"): argmax agreement.
 Reference kernels: the torch fallbacks (fla / causal-conv1d absence is recorded); attention sdpa.
 """
 import argparse
@@ -353,6 +355,13 @@ def cmd_compare(a):
     except Exception as e:
         res["prefill_then_step"] = {"error": repr(e)[:1000]}
         log(f"  steps check failed: {e!r}")
+    try:
+        _, out = strata(a.strata_logits, ckpt, seqs_np[1, :SEQ_LEN].tolist(), "rows", 40)
+        res["batched_vs_single"] = out.strip()
+        log(f"  {out.strip()}")
+    except Exception as e:
+        res["batched_vs_single"] = {"error": repr(e)[:1000]}
+        log(f"  rows check failed: {e!r}")
     res["seconds"] = round(time.time() - t0, 1)
     if a.json:
         with open(a.json, "w") as f:
