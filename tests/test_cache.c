@@ -295,6 +295,61 @@ int main(void) {
         free(L.ids);
     }
 
+    /* Pinned sequences (requests running at once, engine.c): a sequence another request is
+     * using is never taken for a miss, cut back or extended in place; a prompt that shares its
+     * prefix is forked from it (its KV rows and a checkpoint copied), and what the pinned
+     * sequence holds is untouched: its own next prompt still resumes all of it. cache_clear
+     * leaves it. A feed in pieces (cache_feed_begin / some) gives what one feed gives. */
+    {
+        c = new_cache(c, (size_t)256 << 20, 16, im_start);
+        struct prompt P = enc_repeat("The quick brown fox jumps over the lazy dog. ", 12);
+        r = run(c, P, 0, NULL, "pinned: first feed");
+        const int sP = cache_slot(c);
+        cache_pin(c, sP, 1);
+        const int32_t *held;
+        const int n_before = cache_tokens(c, &held);
+        /* the same prompt plus more, while P's sequence is pinned: forked, not extended */
+        int32_t more[5] = {11, 12, 13, 14, 15};
+        struct prompt Q = cat(P, more, 5);
+        r = run(c, Q, 2, NULL, "pinned: an extension of a pinned prompt");
+        EXPECT(cache_slot(c) != sP, "pinned: the extension runs on another sequence (slot %d)", cache_slot(c));
+        EXPECT(r > 0 && r <= P.n, "pinned: the extension resumed %d (a checkpoint of the pinned one)", r);
+        /* misses take other sequences too */
+        struct prompt M = enc("Something else entirely, with no shared prefix.");
+        for (int k = 0; k < 3; k++) {
+            M.ids[0] = 100 + k; /* distinct first tokens: three misses */
+            run(c, M, 0, NULL, "pinned: a miss");
+            EXPECT(cache_slot(c) != sP, "pinned: miss %d took slot %d, the pinned one", k, cache_slot(c));
+        }
+        cache_clear(c);
+        cache_use(c, sP);
+        EXPECT(cache_tokens(c, &held) == n_before && model_pos(m) == n_before,
+               "pinned: the pinned sequence holds %d tokens after the others and a clear (was %d, state %d)",
+               cache_tokens(c, &held), n_before, model_pos(m));
+        cache_pin(c, sP, 0);
+        /* unpinned: its own extension now resumes all of it (the live state) */
+        r = run(c, Q, 2, NULL, "unpinned: the extension");
+        EXPECT(r == n_before, "unpinned: the extension resumed %d, want %d", r, n_before);
+        /* a feed in pieces of 32 tokens: the same logits as one feed (run checks a fresh prefill) */
+        c = new_cache(c, (size_t)256 << 20, 16, im_start);
+        r = cache_prepare(c, P.ids, P.n);
+        cache_feed_begin(c, P.ids, P.n, r);
+        int pieces = 0, rc;
+        while ((rc = cache_feed_some(c, 32, &err)) == 1) pieces++;
+        EXPECT(rc == 0 && model_pos(m) == P.n && pieces >= P.n / 32 - 1,
+               "a feed in pieces of 32: rc %d, at %d of %d, %d pieces", rc, model_pos(m), P.n, pieces);
+        float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+        model_logits(m, a);
+        model_reset(ref);
+        CHECK(model_prefill(ref, P.ids, P.n, NULL, &err) == 0);
+        model_logits(ref, b);
+        EXPECT(on_gpu || memcmp(a, b, (size_t)V * sizeof *a) == 0, "a feed in pieces: the logits of one feed");
+        free(a), free(b);
+        r = run(c, P, 0, NULL, "after a feed in pieces");
+        EXPECT(r == P.n, "after a feed in pieces: the repeat resumes all %d (%d)", P.n, r);
+        free(P.ids), free(Q.ids), free(M.ids);
+    }
+
     cache_get_stats(c, &st);
     EXPECT(st.hits > 0 && st.tokens_fed > 0 && st.ckpts_taken > 0, "stats: %ld hits, %ld fed, %ld taken",
            st.hits, st.tokens_fed, st.ckpts_taken);

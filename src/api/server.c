@@ -1149,6 +1149,7 @@ struct server *server_start(const struct server_options *o, struct error *err) {
     server_logf(s, "%d requests at once (--parallel)\n", engine_parallel(s->engine));
     if (s->opt.no_http) return s;
 
+    engine_serve(s->engine); /* from now on the engine thread alone runs the rounds */
     if (pthread_create(&s->engine_thread, NULL, engine_main, s) != 0) {
         error_set(err, "cannot start the engine thread");
         goto fail;

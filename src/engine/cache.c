@@ -73,8 +73,8 @@ struct cache *cache_create(struct model *m, const struct cache_params *p) {
     c->slots = xcalloc(extra + 1, sizeof *c->slots);
     c->slots[0].seq = model_seq_default(m);
     c->n_slots = 1;
-    for (size_t i = 0; i < extra; i++) {
-        struct model_seq *s = model_seq_create(m);
+    for (size_t i = 0; i < extra; i++) { /* the model's sequences first (an earlier cache's) */
+        struct model_seq *s = c->n_slots < model_n_seqs(m) ? model_seq_at(m, c->n_slots) : model_seq_create(m);
         if (!s) break;
         c->slots[c->n_slots++].seq = s;
     }

@@ -795,10 +795,14 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
     return engine_generate_many(e, r, res, err, 1) == 1 ? 0 : -1;
 }
 
-void engine_run(struct engine *e, const atomic_int *stop) {
+void engine_serve(struct engine *e) {
     pthread_mutex_lock(&e->mu);
     e->serving = 1;
     pthread_mutex_unlock(&e->mu);
+}
+
+void engine_run(struct engine *e, const atomic_int *stop) {
+    engine_serve(e);
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (e->n_active == 0 && !e->q_head && !atomic_load(stop)) pthread_cond_wait(&e->cv, &e->mu);

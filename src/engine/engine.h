@@ -154,7 +154,11 @@ int engine_generate(struct engine *e, const struct engine_request *r, struct eng
 int engine_generate_many(struct engine *e, const struct engine_request *r, struct engine_result *res,
                          struct error *err, int n);
 /* Steps queued requests until *stop is set and nothing is queued or running (a running request
- * ends by its own means: its emit callback or cancel flag). engine_wake after setting *stop. */
+ * ends by its own means: its emit callback or cancel flag). engine_wake after setting *stop.
+ * engine_serve marks the engine as run by engine_run from now on: call it before starting the
+ * thread that runs it and any thread that calls engine_generate, so that none runs the rounds
+ * itself meanwhile (engine_run calls it too). */
+void engine_serve(struct engine *e);
 void engine_run(struct engine *e, const atomic_int *stop);
 void engine_wake(struct engine *e);
 /* Requests run at once: at most n (<= 0: as many as the prefix cache has sequences, at most

@@ -570,6 +570,11 @@ size_t model_seq_bytes(const struct model *m) {
 }
 
 struct model_seq *model_seq_default(struct model *m) { return m->seqs[0]; }
+int model_n_seqs(const struct model *m) { return m->n_seqs; }
+struct model_seq *model_seq_at(struct model *m, int i) {
+    CHECK(i >= 0 && i < m->n_seqs);
+    return m->seqs[i];
+}
 struct model_seq *model_seq_current(struct model *m) { return m->cur; }
 int model_seq_pos(const struct model_seq *s) { return s->pos; }
 

@@ -53,6 +53,8 @@ struct model_seq;
 struct model_seq *model_seq_create(struct model *m); /* NULL when MODEL_MAX_SEQS exist */
 size_t model_seq_bytes(const struct model *m);         /* backend memory of one sequence */
 struct model_seq *model_seq_default(struct model *m);
+int model_n_seqs(const struct model *m);                  /* made so far */
+struct model_seq *model_seq_at(struct model *m, int i);   /* the i-th made (0: the default) */
 struct model_seq *model_seq_current(struct model *m);
 void model_seq_use(struct model *m, struct model_seq *s);
 int model_seq_pos(const struct model_seq *s);          /* tokens fed */
