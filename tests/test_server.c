@@ -320,24 +320,28 @@ static void *load_client(void *arg) {
 /* During the load: a client that opens long streams and goes away after a few events (its
  * generation cancelled while others share its steps), and a watcher of how many requests run at
  * once (continuous batching: more than one). */
+/* Opens an endless stream, reads n events, goes away; returns the events it got. */
+static int stream_and_drop(int n) {
+    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"Go on forever.\"}],"
+                    "\"max_tokens\":100000,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}";
+    int fd = connect_port(g_port);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    send_request(fd, "POST", "/v1/chat/completions", NULL, b, strlen(b), 1);
+    struct resp r;
+    memset(&r, 0, sizeof r);
+    read_response(fd, &r, &t0, n);
+    const int got = r.n_events;
+    close(fd);
+    resp_free(&r);
+    return got;
+}
 static atomic_int g_load_done;
 static int g_max_running, g_dropped;
 static void *dropper_client(void *arg) {
     (void)arg;
-    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"Go on forever.\"}],"
-                    "\"max_tokens\":100000,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}";
-    for (int i = 0; i < 4; i++) {
-        int fd = connect_port(g_port);
-        struct timespec t0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        send_request(fd, "POST", "/v1/chat/completions", NULL, b, strlen(b), 1);
-        struct resp r;
-        memset(&r, 0, sizeof r);
-        read_response(fd, &r, &t0, 3);
-        if (r.n_events >= 3) g_dropped++;
-        close(fd);
-        resp_free(&r);
-    }
+    for (int i = 0; i < 4; i++)
+        if (stream_and_drop(3) >= 3) g_dropped++;
     return NULL;
 }
 static void *running_watcher(void *arg) {
@@ -923,19 +927,10 @@ static void test_timing(void) {
 
 static void test_disconnect(void) {
     double before = metric("strata_generations_cancelled_total");
-    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"Go on forever.\"}],"
-                    "\"max_tokens\":100000,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}";
-    int fd = connect_port(g_port);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    send_request(fd, "POST", "/v1/chat/completions", NULL, b, strlen(b), 1);
-    struct resp r;
-    memset(&r, 0, sizeof r);
-    read_response(fd, &r, &t0, 2);
-    EXPECT(r.n_events >= 2, "got the first events before disconnecting");
-    close(fd);
-    resp_free(&r);
+    EXPECT(stream_and_drop(2) >= 2, "got the first events before disconnecting");
     /* the engine is free again: a short request completes quickly */
+    struct timespec t0;
+    struct resp r;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     http("POST", "/v1/chat/completions", NULL, CHAT_SMALL, 1, &r);
     double ms = ms_since(&t0);

@@ -348,20 +348,14 @@ def cmd_compare(a):
             log(f"  greedy seq {si} failed: {e!r}")
         greedy.append(g)
     res["greedy"] = greedy
-    try:
-        _, out = strata(a.strata_logits, ckpt, seqs_np[1, :SEQ_LEN].tolist(), "steps", 40)
-        res["prefill_then_step"] = out.strip()
-        log(f"  {out.strip()}")
-    except Exception as e:
-        res["prefill_then_step"] = {"error": repr(e)[:1000]}
-        log(f"  steps check failed: {e!r}")
-    try:
-        _, out = strata(a.strata_logits, ckpt, seqs_np[1, :SEQ_LEN].tolist(), "rows", 40)
-        res["batched_vs_single"] = out.strip()
-        log(f"  {out.strip()}")
-    except Exception as e:
-        res["batched_vs_single"] = {"error": repr(e)[:1000]}
-        log(f"  rows check failed: {e!r}")
+    for mode, key in (("steps", "prefill_then_step"), ("rows", "batched_vs_single")):
+        try:
+            _, out = strata(a.strata_logits, ckpt, seqs_np[1, :SEQ_LEN].tolist(), mode, 40)
+            res[key] = out.strip()
+            log(f"  {out.strip()}")
+        except Exception as e:
+            res[key] = {"error": repr(e)[:1000]}
+            log(f"  {mode} check failed: {e!r}")
     res["seconds"] = round(time.time() - t0, 1)
     if a.json:
         with open(a.json, "w") as f:

@@ -788,11 +788,9 @@ int engine_generate_many(struct engine *e, const struct engine_request *r, struc
 
 int engine_generate(struct engine *e, const struct engine_request *r, struct engine_result *res,
                     struct error *err) {
-    if (validate(e, r, err) != 0) {
-        memset(res, 0, sizeof *res);
-        return -1;
-    }
-    return engine_generate_many(e, r, res, err, 1) == 1 ? 0 : -1;
+    if (engine_generate_many(e, r, res, err, 1) == 1) return 0;
+    memset(res, 0, sizeof *res); /* not started: err says why */
+    return -1;
 }
 
 void engine_serve(struct engine *e) {
