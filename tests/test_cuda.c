@@ -724,7 +724,8 @@ static void check_size(const char *size) {
     int nKV = c.num_key_value_heads, hd = c.head_dim;
     int gdn_rows = c.conv_dim + c.value_dim + 2 * c.linear_num_value_heads;
     int attn_rows = 2 * nH * hd + 2 * nKV * hd;
-    static const int Ts[] = {1, 2, 3, 7, 12}; /* the GEMV, the two-row GEMV, cuBLAS */
+    /* the GEMV, the two-row GEMV, the rows GEMM (3..8: one n tile, partly filled), cuBLAS */
+    static const int Ts[] = {1, 2, 3, 7, 12, 16, 17, 32, 33};
     for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
         const int T = Ts[ti];
         check_matmul(&p, size, T, gdn_rows, H, 1, 0);
@@ -735,6 +736,9 @@ static void check_size(const char *size) {
         check_swiglu(&p, size, T, I, H);
     }
     check_matmul(&p, size, 1, 1000, H, 0, 0); /* odd row count */
+    check_matmul(&p, size, 5, 1000, H, 1, 1); /* rows: a partly filled last tile */
+    check_matmul(&p, size, 8, 1001, H, 0, 0);
+    check_swiglu(&p, size, 6, 1001, H);
     check_chain(&p, &c, size);
     { /* a performance invariant, not a result: the decode DeltaNet step's block starts beside the
        * in_proj GEMV's two (runs 50, 52: 4B lost 2-4% when a GEMV change broke this) */

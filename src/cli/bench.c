@@ -290,6 +290,8 @@ int cmd_bench(int argc, char **argv) {
             }
             double ms = median(v, reps);
             printf("prefill %d at %d %s: %.2f ms (%.0f tok/s)\n", N, P, dir, ms, N / ms * 1e3);
+            /* the first of them: what a shape's first use costs (libraries load kernels lazily) */
+            printf("  the first: %.2f ms\n", v[0]);
             /* the same after the device sat idle for 200 ms, as a server's request finds it
              * between a client's turns */
             double vi[32];

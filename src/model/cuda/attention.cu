@@ -783,14 +783,6 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint3
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-/* d (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col) */
-static __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 /* element offset of 16-byte chunk c of row r in a swizzled tile of HD-wide rows (HD >= 64) */
 template <int HD>
 static __device__ __forceinline__ int fa_swz(int r, int c) {

@@ -482,6 +482,18 @@ static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, cons
              cuda_gemv_rows(cu, out, x, norm_w, W, T, N, K, eps, accumulate, 0));
         return;
     }
+    if (cuda_gemm_rows_ok(cu, T, K)) { /* a batched step's rows: the weights once */
+        cuda_prof_begin(cu, norm_w ? "gemm rows (rmsnorm)" : "gemm rows (+residual)");
+        const uint16_t *in = x;
+        if (norm_w) {
+            CHECK((size_t)T * K <= cu->xn_elems);
+            cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+            in = cu->xn;
+        }
+        cuda_gemm_rows(cu, out, in, W, T, N, K, accumulate, 0);
+        cuda_prof_end(cu);
+        return;
+    }
     cuda_prof_begin(cu, "gemm (prefill)");
     const uint16_t *in = x;
     if (norm_w) {
@@ -510,6 +522,18 @@ static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *
     }
     if (cuda_gemv_rows_ok(cu, T, K)) {
         PROF("gemv rows gate+up+silu", cuda_gemv_rows(cu, out, x, norm_w, W_gu, T, I, K, eps, 0, 1));
+        return;
+    }
+    if (cuda_gemm_rows_ok(cu, T, K)) {
+        cuda_prof_begin(cu, "gemm rows gate+up+silu");
+        const uint16_t *in = x;
+        if (norm_w) {
+            CHECK((size_t)T * K <= cu->xn_elems);
+            cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+            in = cu->xn;
+        }
+        cuda_gemm_rows(cu, out, in, W_gu, T, I, K, 0, 1);
+        cuda_prof_end(cu);
         return;
     }
     cuda_prof_begin(cu, "gemm swiglu (prefill)");

@@ -308,6 +308,17 @@ static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     s = fmaf(hi_bf(a.w), hi_bf(b.w), s);
     return s;
 }
+/* d (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col): tensor cores (sm_80 +). Fragments:
+ * lane = 4 g + t; a[0] row g cols 2t, 2t+1; a[1] row g + 8, the same cols; a[2], a[3] those rows,
+ * cols + 8; b0 rows (k) 2t, 2t+1 of col g, b1 rows + 8; d[0], d[1] row g cols 2t, 2t+1, d[2], d[3]
+ * row g + 8. (A HIP port: the matrix-core intrinsics, or the callers' CUDA-core paths.) */
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 /* Weights are read once per token: stream them past L1 and mark them evict-first in L2. */
 static __device__ __forceinline__ uint4 load_stream(const uint4 *p) { return __ldcs(p); }
 /* Data another block of the same launch wrote (after a fence): bypass the non-coherent L1. */

@@ -201,6 +201,12 @@ long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm);
 int cuda_gemv_rows_ok(const struct cuda *cu, int T, int K);
 void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                     const uint16_t *W, int T, int N, int K, float eps, int accumulate, int swiglu);
+/* A batched decode step's 3..8 rows on tensor cores, x already normalised: out (T, N) =
+ * bf16(x W^T) (accumulate: bf16(out + that); swiglu: W (2N, K) = [gate; up], out (T, N) the
+ * SwiGLU), where cuda_gemm_rows_ok. */
+int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K);
+void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T,
+                    int N, int K, int accumulate, int swiglu);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
 void cuda_argmax_rows(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int B);
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);

@@ -846,6 +846,207 @@ extern "C" void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x
     launch_gemv_rows<2>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
 }
 
+/* A batched decode step's few rows (3..8) on tensor cores, the weights streamed once: mma
+ * m16n8k16 with 16 weight rows as the A operand (SwiGLU: 8 gate rows and their 8 up rows, so a
+ * thread holds a gate and its up value) and the rows of x as the 8-wide B operand (NT n tiles:
+ * one is used, below).
+ * The k order inside a 64-wide chunk is permuted alike for both operands so that each thread
+ * loads 16-byte words: thread t of a fragment row holds words t and t + 4 of the chunk (a row's
+ * 128 bytes in two whole 64-byte halves), and the fragment pairs of the chunk's 4 k-steps are
+ * those words' halves.
+ * Work: a unit is (16-row tile, slice of K); S warps of a block take the S slices of one tile,
+ * the block's 8 / S tiles advance by the grid stride (a persistent grid of the resident
+ * blocks). A warp's items (its units' 64-wide chunks, in order) are software-pipelined D deep
+ * across units with the x words beside the weight words (x read at the compute step waited on
+ * L2 each chunk: runs 169-170, 5-28% slower), so the loads of the next tile are in flight while a
+ * tile ends: at a unit's last chunk the S partials meet in shared memory (double-buffered, one
+ * barrier) and the tile's first warp writes bf16(y) (bf16(out + bf16(y)) accumulating;
+ * bf16(bf16(silu(bf16(gate))) * bf16(up)) SwiGLU): cpu.c's rounding points. x comes normalised
+ * (cuda_rmsnorm before, as for cuBLAS: normalising it in this kernel as it is used cost more
+ * than the launch it saves, run 171).
+ * Bytes: 2 N K (4 I K SwiGLU) + 2 T K per unit (L2) + 2 T N (x2 accumulating); FLOPs
+ * 2 (8 NT) N K on the tensor cores (rows past T are zeros). */
+#define SK_WARPS 8
+template <int NT, int D>
+static __global__ void __launch_bounds__(SK_WARPS * WARP_SIZE, 2)
+gemm_skinny_kernel(uint16_t *out, const uint16_t *x, const uint16_t *W, int N, int K, int T,
+                   int accumulate, int swiglu, int S) {
+    __shared__ float red[2][SK_WARPS][NT * 4][WARP_SIZE];
+    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane >> 2, t = lane & 3;
+    const int G = SK_WARPS / S, s = wid % S, slot = wid / S;
+    const int n_tiles = swiglu ? (N + 7) / 8 : (N + 15) / 16;
+    const int n_groups = (n_tiles + G - 1) / G;
+    const int K8 = K / 8, per = K / 64 / S, c0 = s * per;
+    const int n_iter = (int)blockIdx.x < n_groups ? (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+    const int n_items = n_iter * per; /* the same for every warp of the block */
+    const uint4 *W4 = (const uint4 *)W, *x4 = (const uint4 *)x;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint4 *xr[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int n = j * 8 + g;
+        xok[j] = n < T;
+        xr[j] = x4 + (size_t)(xok[j] ? n : 0) * K8;
+    }
+    /* the fragment rows g and g + 8 of iteration i's tile: their weight rows and validity */
+    auto rows_of = [&](int i, int &rA, int &rB, bool &okA, bool &okB) {
+        const int tile = ((int)blockIdx.x + i * (int)gridDim.x) * G + slot;
+        if (swiglu) {
+            rA = tile * 8 + g;
+            okA = okB = tile < n_tiles && rA < N;
+            rB = N + rA;
+        } else {
+            rA = tile * 16 + g;
+            rB = rA + 8;
+            okA = tile < n_tiles && rA < N;
+            okB = tile < n_tiles && rB < N;
+        }
+    };
+    uint4 ring[D + 1][4], xring[D + 1][NT][2]; /* an item's weight words and x words */
+    int ii = 0, ic = 0; /* the issue cursor: iteration, chunk of the slice */
+    auto issue_w = [&](uint4 (&r)[4]) {
+        if (ii < n_iter) {
+            int rA, rB;
+            bool okA, okB;
+            rows_of(ii, rA, rB, okA, okB);
+            const size_t o = (size_t)(c0 + ic) * 8 + t;
+            const uint4 *wa = W4 + (size_t)(okA ? rA : 0) * K8 + o, *wb = W4 + (size_t)(okB ? rB : 0) * K8 + o;
+            r[0] = okA ? load_stream(wa) : zero;
+            r[1] = okA ? load_stream(wa + 4) : zero;
+            r[2] = okB ? load_stream(wb) : zero;
+            r[3] = okB ? load_stream(wb + 4) : zero;
+        }
+    };
+    auto issue_x = [&](uint4 (&xw)[NT][2], int c) { /* x words of chunk c of the slice */
+        const size_t o = (size_t)(c0 + c) * 8 + t;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            xw[j][0] = xok[j] ? __ldg(xr[j] + o) : zero;
+            xw[j][1] = xok[j] ? __ldg(xr[j] + o + 4) : zero;
+        }
+    };
+    auto advance = [&]() {
+        if (++ic == per) ic = 0, ii++;
+    };
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    int ci = 0, cc = 0; /* the compute cursor */
+    auto epilogue = [&](const float (&v)[NT][4]) {
+        int rA, rB;
+        bool okA, okB;
+        rows_of(ci, rA, rB, okA, okB);
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int n = j * 8 + 2 * t + h;
+                if (n >= T) continue;
+                uint16_t *o = out + (size_t)n * N;
+                if (swiglu) {
+                    if (okA) o[rA] = f2bf(bfr(silu_f(bfr(v[j][h]))) * bfr(v[j][2 + h]));
+                } else {
+                    const float m0 = bfr(v[j][h]), m1 = bfr(v[j][2 + h]);
+                    if (okA) o[rA] = f2bf(accumulate ? bf2f(o[rA]) + m0 : m0);
+                    if (okB) o[rB] = f2bf(accumulate ? bf2f(o[rB]) + m1 : m1);
+                }
+            }
+    };
+    auto compute = [&](const uint4 (&r)[4], const uint4 (&xw)[NT][2]) {
+        const uint32_t a0[4] = {r[0].x, r[2].x, r[0].y, r[2].y}, a1[4] = {r[0].z, r[2].z, r[0].w, r[2].w};
+        const uint32_t a2[4] = {r[1].x, r[3].x, r[1].y, r[3].y}, a3[4] = {r[1].z, r[3].z, r[1].w, r[3].w};
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const uint4 xa = xw[j][0], xb = xw[j][1];
+            mma_bf16(acc[j], a0, xa.x, xa.y);
+            mma_bf16(acc[j], a1, xa.z, xa.w);
+            mma_bf16(acc[j], a2, xb.x, xb.y);
+            mma_bf16(acc[j], a3, xb.z, xb.w);
+        }
+        if (++cc < per) return;
+        /* the unit's last chunk (at the same item in every warp of the block) */
+        if (S > 1) {
+            const int buf = ci & 1;
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) red[buf][wid][j * 4 + e][lane] = acc[j][e];
+            __syncthreads();
+            if (s == 0) {
+                float v[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float sum = 0.0f;
+                        for (int w = 0; w < S; w++) sum += red[buf][wid + w][j * 4 + e][lane];
+                        v[j][e] = sum;
+                    }
+                epilogue(v);
+            }
+        } else {
+            epilogue(acc);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        cc = 0;
+        ci++;
+    };
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        issue_w(ring[d]);
+        issue_x(xring[d], ic);
+        advance();
+    }
+    for (int base = 0; base < n_items; base += D + 1) {
+#pragma unroll
+        for (int r = 0; r <= D; r++) {
+            if (base + r >= n_items) break;
+            const int nx = (r + D) % (D + 1);
+            const int c_next = ic; /* the chunk of item base + r + D */
+            issue_w(ring[nx]);
+            if (ii < n_iter) issue_x(xring[nx], c_next);
+            advance();
+            compute(ring[r], xring[r]);
+        }
+    }
+}
+
+typedef void (*skinny_fn)(uint16_t *, const uint16_t *, const uint16_t *, int, int, int, int, int,
+                          int);
+
+/* Runs 168-172 (4B): each GEMM alone (weights past L2), at 3..8 rows this kernel beat cuBLAS +
+ * the add / SwiGLU kernels at every shape (N 2,560: 10-17 us against 23-25; in_proj, gate_up,
+ * lm_head by 3-8%), and a batched step of 3..8 took 3.5-3.9% less (3.472 against 3.609 ms at 4).
+ * Two n tiles (9..16 rows) won alone where N <= 4,096 but a step of 16 took 2% more in its graph
+ * (4.407 against 4.324 ms), so past 8 rows cuBLAS. Two rows: the two-row GEMV (its fused norm:
+ * a step of 2 took 3.26 ms against 3.39). */
+extern "C" int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K) {
+    (void)cu;
+    return T >= 3 && T <= 8 && K % 64 == 0;
+}
+
+extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
+                               int T, int N, int K, int accumulate, int swiglu) {
+    CHECK(cuda_gemm_rows_ok(cu, T, K));
+    const skinny_fn kern = gemm_skinny_kernel<1, 2>;
+    static int occ;
+    if (!occ) {
+        occ = gpu_occupancy(kern, SK_WARPS * WARP_SIZE, 0);
+        if (occ < 1) occ = 1;
+    }
+    int S = SK_WARPS; /* the largest split (run 170: S = 8 as fast or faster at every 4B shape) */
+    while ((K / 64) % S) S /= 2;
+    const long n_tiles = swiglu ? (N + 7) / 8 : (N + 15) / 16, slots = (long)occ * cu->info.n_sm;
+    const long groups = (n_tiles + SK_WARPS / S - 1) / (SK_WARPS / S);
+    const long blocks = groups < slots ? groups : slots;
+    kern<<<(unsigned)blocks, SK_WARPS * WARP_SIZE, 0, cu->stream>>>(out, x, W, N, K, T, accumulate, swiglu, S);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
 /* cuBLAS GEMM: out (T, N) = x (T, K) W^T, W (N, K). FLOPs: 2 T N K. */
 extern "C" void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
                           int T, int N, int K) {
