@@ -466,6 +466,15 @@ static void op_embed(struct backend *be, uint16_t *out, const uint16_t *table, c
                              be->config->vocab_size));
 }
 
+/* x, or its rows normalised into cu->xn when norm_w is set (the GEMMs that take x as it is) */
+static const uint16_t *normed(struct cuda *cu, const uint16_t *x, const uint16_t *norm_w, int T,
+                              int K, float eps) {
+    if (!norm_w) return x;
+    CHECK((size_t)T * K <= cu->xn_elems);
+    cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+    return cu->xn;
+}
+
 static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                       const uint16_t *W, int T, int N, int K, int accumulate) {
     struct cuda *cu = cuda_of(be);
@@ -483,24 +492,12 @@ static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, cons
         return;
     }
     if (cuda_gemm_rows_ok(cu, T, K)) { /* a batched step's rows: the weights once */
-        cuda_prof_begin(cu, norm_w ? "gemm rows (rmsnorm)" : "gemm rows (+residual)");
-        const uint16_t *in = x;
-        if (norm_w) {
-            CHECK((size_t)T * K <= cu->xn_elems);
-            cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
-            in = cu->xn;
-        }
-        cuda_gemm_rows(cu, out, in, W, T, N, K, accumulate, 0);
-        cuda_prof_end(cu);
+        PROF(norm_w ? "gemm rows (rmsnorm)" : "gemm rows (+residual)",
+             cuda_gemm_rows(cu, out, normed(cu, x, norm_w, T, K, eps), W, T, N, K, accumulate, 0));
         return;
     }
     cuda_prof_begin(cu, "gemm (prefill)");
-    const uint16_t *in = x;
-    if (norm_w) {
-        CHECK((size_t)T * K <= cu->xn_elems);
-        cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
-        in = cu->xn;
-    }
+    const uint16_t *in = normed(cu, x, norm_w, T, K, eps);
     if (accumulate) {
         CHECK((size_t)T * N <= cu->y_elems);
         cuda_gemm(cu, cu->y, in, W, T, N, K);
@@ -525,24 +522,12 @@ static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *
         return;
     }
     if (cuda_gemm_rows_ok(cu, T, K)) {
-        cuda_prof_begin(cu, "gemm rows gate+up+silu");
-        const uint16_t *in = x;
-        if (norm_w) {
-            CHECK((size_t)T * K <= cu->xn_elems);
-            cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
-            in = cu->xn;
-        }
-        cuda_gemm_rows(cu, out, in, W_gu, T, I, K, 0, 1);
-        cuda_prof_end(cu);
+        PROF("gemm rows gate+up+silu",
+             cuda_gemm_rows(cu, out, normed(cu, x, norm_w, T, K, eps), W_gu, T, I, K, 0, 1));
         return;
     }
     cuda_prof_begin(cu, "gemm swiglu (prefill)");
-    const uint16_t *in = x;
-    if (norm_w) {
-        CHECK((size_t)T * K <= cu->xn_elems);
-        cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
-        in = cu->xn;
-    }
+    const uint16_t *in = normed(cu, x, norm_w, T, K, eps);
     CHECK((size_t)T * 2 * I <= cu->y_elems);
     cuda_gemm(cu, cu->y, in, W_gu, T, 2 * I, K);
     cuda_swiglu(cu, out, cu->y, T, I);
