@@ -320,17 +320,23 @@ static void *load_client(void *arg) {
 /* During the load: a client that opens long streams and goes away after a few events (its
  * generation cancelled while others share its steps), and a watcher of how many requests run at
  * once (continuous batching: more than one). */
+/* Opens a chat stream with body b on port (auth: with the key), reads n of its events into *r;
+ * returns the socket, the rest of the stream unread. */
+static int stream_open(int port, const char *b, int auth, int n, struct resp *r) {
+    int fd = connect_port(port);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    send_request(fd, "POST", "/v1/chat/completions", NULL, b, strlen(b), auth);
+    memset(r, 0, sizeof *r);
+    read_response(fd, r, &t0, n);
+    return fd;
+}
 /* Opens an endless stream, reads n events, goes away; returns the events it got. */
 static int stream_and_drop(int n) {
     const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"Go on forever.\"}],"
                     "\"max_tokens\":100000,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}";
-    int fd = connect_port(g_port);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    send_request(fd, "POST", "/v1/chat/completions", NULL, b, strlen(b), 1);
     struct resp r;
-    memset(&r, 0, sizeof r);
-    read_response(fd, &r, &t0, n);
+    int fd = stream_open(g_port, b, 1, n, &r);
     const int got = r.n_events;
     close(fd);
     resp_free(&r);
@@ -1066,13 +1072,9 @@ static void test_sigterm(const char *dir) {
     EXPECT(up, "strata serve came up on port %d", port);
     const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"Long.\"}],"
                     "\"max_tokens\":100000,\"ignore_eos\":true,\"stream\":true}";
-    int fd = connect_port(port);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    send_request(fd, "POST", "/v1/chat/completions", NULL, b, strlen(b), 0);
-    memset(&r, 0, sizeof r);
-    read_response(fd, &r, &t0, 2);
+    int fd = stream_open(port, b, 0, 2, &r);
     kill(pid, SIGTERM);
+    struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     /* the stream ends with a word (issue 24): an error event, or a final chunk and [DONE] */
     {
