@@ -31,7 +31,7 @@ TESTS    := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
 ifneq ($(CU_SRC),)
 CFLAGS  += -DSTRATA_CUDA
-LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 endif
 
 .PHONY: all test asan test-asan fuzz fuzz-build bench clean FORCE

@@ -21,7 +21,7 @@ stage)
     mkdir -p .carry/server/debs
     cc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Isrc -o .carry/server/http_latency bench/http_latency.c \
         build-http-gpu/libstrata.a -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lunistring \
-        -lm -lpthread -L"$CUDA_LIB" -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++ || exit 1
+        -lm -lpthread -L"$CUDA_LIB" -lcublasLt -lcudart_static -ldl -lrt -lstdc++ || exit 1
     bash bench/server-debs.sh download || exit 1
     du -sh .carry/server
     ;;

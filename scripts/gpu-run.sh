@@ -85,7 +85,7 @@ if has build; then
             $(ls tests/test_*.c | sed "s#tests/\(.*\)\.c#$BUILD/tests/\1#") >>"$LOG/build.log" 2>&1
         cc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Isrc ${LDFLAGS:-} -o $BUILD/strata_logits tools/strata_logits.c \
             $BUILD/libstrata.a -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lm -lpthread \
-            -L"$CUDA_LIB" -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++ >>"$LOG/build.log" 2>&1 \
+            -L"$CUDA_LIB" -lcublasLt -lcudart_static -ldl -lrt -lstdc++ >>"$LOG/build.log" 2>&1 \
             || echo "strata_logits failed to build (see build.log)"
         note "build: ok"
     else

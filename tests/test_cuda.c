@@ -710,6 +710,60 @@ static void check_gdn_snaps(const struct config *c, const char *tag, int T, int 
     pp.cpu->ops->destroy(pp.cpu);
 }
 
+/* The GEMM plans (cuda_gemm): after ops->warm, a prompt length never seen before asks the
+ * library nothing (the hit cost of issue 25: ~0.3 ms per new length and shape, several ms per
+ * kernel loaded, before); a length's result does not depend on whether the warm-up ran; a
+ * T whose pointers are less aligned gets its own plan and is still right. */
+static void check_gemm_plans(const char *size) {
+    struct config c = make_config(size);
+    const int max_T = 1024, H = c.hidden_size, I = c.intermediate_size;
+    struct error err = {{0}};
+    struct pair p = {backend_cpu_create(&c, 2048, max_T, 0), backend_cuda_create(&c, 2048, max_T, &err)};
+    CHECK(p.gpu);
+    struct backend *g = p.gpu;
+    const size_t nx = (size_t)max_T * I + 8, nw = (size_t)H * I, no = (size_t)max_T * H;
+    uint16_t *x = rand_bf16(nx, 2.0f), *w = rand_bf16(nw, 0.05f);
+    void *dx = up(g, x, nx * 2), *dw = up(g, w, nw * 2), *dout = g->ops->alloc(g, no * 2);
+    g->ops->matmul(g, dout, dx, NULL, dw, 300, H, I, 0);
+    uint16_t *before = down(g, dout, (size_t)300 * H * 2);
+    g->ops->warm(g);
+    const long picks = backend_cuda_gemm_picks(g);
+    char what[128];
+    snprintf(what, sizeof what, "%s gemm plans: warm-up made plans", size);
+    EXPECT(picks > 20, "%s (%ld)", what, picks);
+    static const int Ts[] = {700, 1000, 257, 17, 300};
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) g->ops->matmul(g, dout, dx, NULL, dw, Ts[i], H, I, 0);
+    snprintf(what, sizeof what, "%s gemm plans: new lengths after the warm-up ask nothing", size);
+    EXPECT(backend_cuda_gemm_picks(g) == picks, "%s (%ld more)", what, backend_cuda_gemm_picks(g) - picks);
+    uint16_t *after = down(g, dout, (size_t)300 * H * 2);
+    snprintf(what, sizeof what, "%s gemm plans: T 300 identical before and after the warm-up", size);
+    EXPECT(!memcmp(before, after, (size_t)300 * H * 2), "%s", what);
+    free(before), free(after);
+    /* against the CPU: T 700 (a bucket's plan, aligned), and x 16 / 8 bytes in (other alignment
+     * classes) at a bucket's top (352) and inside it (333) */
+    static const int Tc[][2] = {{700, 0}, {352, 8}, {333, 8}, {352, 4}, {333, 4}};
+    for (int k = 0; k < 5; k++) {
+        const int T = Tc[k][0], off = Tc[k][1];
+        uint16_t *res[2];
+        struct backend *bes[2] = {p.cpu, p.gpu};
+        for (int b = 0; b < 2; b++) {
+            struct backend *be = bes[b];
+            void *bx = b ? dx : up(be, x, nx * 2), *bw = b ? dw : up(be, w, nw * 2);
+            void *bo = b ? dout : be->ops->alloc(be, no * 2);
+            be->ops->matmul(be, bo, (uint16_t *)bx + off, NULL, bw, T, H, I, 0);
+            res[b] = down(be, bo, (size_t)T * H * 2);
+            if (!b) be->ops->free(be, bx), be->ops->free(be, bw), be->ops->free(be, bo);
+        }
+        snprintf(what, sizeof what, "%s gemm plans: T %d, x at +%d bytes", size, T, 2 * off);
+        EXPECT(close_bf16(what, res[1], res[0], (size_t)T * H), "%s", what);
+        free(res[0]), free(res[1]);
+    }
+    g->ops->free(g, dx), g->ops->free(g, dw), g->ops->free(g, dout);
+    free(x), free(w);
+    p.gpu->ops->destroy(p.gpu);
+    p.cpu->ops->destroy(p.cpu);
+}
+
 static void check_size(const char *size) {
     struct config c = make_config(size);
     int max_ctx = 4096, max_T = 64;
@@ -1020,6 +1074,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 5; i++) {
         if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;
         check_size(sizes[i]);
+        if (i < 3) check_gemm_plans(sizes[i]);
         check_prefill(sizes[i], 0);
         if (i == 2) check_prefill(sizes[i], 1);
         if (i < 2) check_long(sizes[i]);

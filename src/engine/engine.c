@@ -222,6 +222,7 @@ void engine_warmup(struct engine *e) {
         (void)engine_generate_many(e, rq, res, err, P);
     }
     free(ids);
+    model_warm(e->m); /* every prompt length's GEMM plans, for the shapes the above ran */
     cache_clear(e->cache); /* the warm-up leaves nothing behind */
 }
 

@@ -14,6 +14,10 @@ struct backend *backend_cuda_create(const struct config *c, int max_ctx, int max
 void backend_cuda_test_knobs(struct backend *be, const struct cuda_test_knobs *k) {
     (void)be, (void)k;
 }
+long backend_cuda_gemm_picks(struct backend *be) {
+    (void)be;
+    return 0;
+}
 int backend_cuda_residency(struct backend *be, char *buf, size_t cap) {
     (void)be, (void)buf, (void)cap;
     return 0;

@@ -263,6 +263,10 @@ struct backend_ops {
      * NULL: not offered. */
     void (*logprobs)(struct backend *be, float *out, const uint16_t *x, int n, int k,
                      const int32_t *chosen);
+    /* Does now what the backend would otherwise do on the first use of a shape (the GEMM
+     * library's plans for every row count of the shapes run so far, their kernels loaded), so
+     * that no request pays it; called after a warm-up that ran every op. May be NULL. */
+    void (*warm)(struct backend *be);
 };
 
 struct backend {

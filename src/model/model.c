@@ -766,6 +766,10 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
     return 0;
 }
 
+void model_warm(struct model *m) {
+    if (m->be->ops->warm) m->be->ops->warm(m->be);
+}
+
 int model_prefill(struct model *m, const int32_t *ids, int n, float *all_logits,
                   struct error *err) {
     return prefill(m, ids, n, all_logits, 1, NULL, NULL, 0, err);

@@ -81,6 +81,10 @@ int model_ckpt_has_logits(const struct model_ckpt *ck);
  * computed them, or a restore brought them). */
 int model_logits_current(const struct model *m);
 
+/* After a warm-up that ran every op: the backend prepares what it would otherwise do on the
+ * first use of a shape (backend_ops.warm). */
+void model_warm(struct model *m);
+
 /* Feeds n tokens (any n >= 1, split into chunks internally) and computes the logits of the
  * last one. Fails (-1, err) if pos + n exceeds the context. If all_logits is non-NULL it
  * receives the logits of every position as float (n, vocab_size). */

@@ -28,6 +28,7 @@ void cuda_prof_end(struct cuda *cu) {
 }
 
 extern "C" long backend_cuda_launches(struct backend *be) { return cuda_of(be)->n_launches; }
+extern "C" long backend_cuda_gemm_picks(struct backend *be) { return cuda_of(be)->gemm_picks; }
 
 extern "C" long backend_cuda_graph_nodes(struct backend *be, int key) {
     struct cuda *cu = cuda_of(be);
@@ -740,6 +741,10 @@ static int32_t op_choice_wait(struct backend *be, int64_t n) {
     }
 }
 
+static void op_warm(struct backend *be) {
+    cuda_gemm_warm(cuda_of(be), be->max_T);
+}
+
 static void op_destroy(struct backend *be) {
     struct cuda *cu = cuda_of(be);
     gpu_stream_sync(cu->stream);
@@ -751,6 +756,7 @@ static void op_destroy(struct backend *be) {
         if (bufs[i]) gpu_free(bufs[i]);
     for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_destroy(cu->prof.ev[i]);
     gpu_blas_destroy(cu->blas);
+    free(cu->gemm_plans);
     gpu_host_free(cu->stage);
     gpu_host_free(cu->mail);
     gpu_stream_destroy(cu->stream);
@@ -785,6 +791,7 @@ static const struct backend_ops cuda_ops = {
     op_choice_wait,
     op_sample,
     op_logprobs,
+    op_warm,
 };
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -833,9 +840,9 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->attn_mode = -1;
     cu->skip = env_int("STRATA_SKIP_DECODE", 0, 0, 3); /* timing only: 1 gdn step, 2 attention */
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);
-    size_t ws = (size_t)32 << 20;
-    cu->blas_ws = dev_alloc(cu, ws, "the cuBLAS workspace");
-    gpu_blas_create(&cu->blas, cu->stream, cu->blas_ws, ws);
+    cu->blas_ws_bytes = (size_t)32 << 20;
+    cu->blas_ws = dev_alloc(cu, cu->blas_ws_bytes, "the cuBLAS workspace");
+    gpu_blas_create(&cu->blas);
     for (int i = 0; i <= CUDA_PROF_MAX; i++) gpu_event_create(&cu->prof.ev[i]);
 
     /* RoPE tables exactly as the CPU backend computes them (fp32 inv_freq, fp32 angle,

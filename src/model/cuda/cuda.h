@@ -27,6 +27,8 @@ void backend_cuda_test_knobs(struct backend *be, const struct cuda_test_knobs *k
 
 /* Kernels and cuBLAS calls issued so far (a graph replay counts once per captured node). */
 long backend_cuda_launches(struct backend *be);
+/* Times the GEMM library's heuristic was asked for an algorithm (a plan made, cuda_gemm). */
+long backend_cuda_gemm_picks(struct backend *be);
 /* Nodes of the graph recorded under key (0 if none). */
 long backend_cuda_graph_nodes(struct backend *be, int key);
 /* While on, graphs are neither replayed nor recorded and every op is timed with events. */

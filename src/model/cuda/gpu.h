@@ -5,7 +5,7 @@
 #ifndef STRATA_CUDA_GPU_H
 #define STRATA_CUDA_GPU_H
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -19,7 +19,8 @@ typedef cudaStream_t gpu_stream;
 typedef cudaEvent_t gpu_event;
 typedef cudaGraph_t gpu_graph;
 typedef cudaGraphExec_t gpu_graph_exec;
-typedef cublasHandle_t gpu_blas;
+typedef cublasLtHandle_t gpu_blas;
+typedef cublasLtMatmulAlgo_t gpu_gemm_algo;
 
 /* A failed runtime call is a bug or a dead device: name the call, file, line and the error. */
 #define GPU_CHECK(call)                                                                        \
@@ -203,21 +204,69 @@ static inline void gpu_launch(int pdl, void (*kernel)(Exp...), dim3 grid, dim3 b
 #define GPU_SMEM_OPTIN(kernel, bytes)                                                          \
     GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(bytes)))
 
-/* cuBLAS: C (row-major, T x N) = A (row-major, T x K) * W^T (W row-major N x K), bf16 in and
- * out, fp32 accumulation, the output rounded once (as torch's bf16 matmul). */
-static inline void gpu_blas_create(gpu_blas *h, gpu_stream s, void *workspace, size_t ws_bytes) {
-    BLAS_CHECK(cublasCreate(h));
-    BLAS_CHECK(cublasSetStream(*h, s));
-    BLAS_CHECK(cublasSetWorkspace(*h, workspace, ws_bytes));
+/* cuBLASLt: C (row-major, T x N) = A (row-major, T x K) * W^T (W row-major N x K), bf16 in and
+ * out, fp32 accumulation, the output rounded once (as torch's bf16 matmul). The algorithm is the
+ * caller's (gpu_gemm_pick once per shape, then gpu_gemm_run): the library's own choice per call
+ * costs ~0.3 ms of host time for every new T, and its first use of a kernel several ms more. */
+static inline void gpu_blas_create(gpu_blas *h) { BLAS_CHECK(cublasLtCreate(h)); }
+static inline void gpu_blas_destroy(gpu_blas h) { BLAS_CHECK(cublasLtDestroy(h)); }
+/* the column-major view: C^T (N x T) = op_T(W as K x N) * A^T (K x T) */
+struct gpu_gemm_desc {
+    cublasLtMatmulDescOpaque_t d;
+    cublasLtMatrixLayoutOpaque_t w, a, c;
+};
+static inline void gpu_gemm_desc_init(struct gpu_gemm_desc *g, int T, int N, int K) {
+    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+    BLAS_CHECK(cublasLtMatmulDescInit((cublasLtMatmulDesc_t)&g->d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    BLAS_CHECK(cublasLtMatmulDescSetAttribute((cublasLtMatmulDesc_t)&g->d, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
+    BLAS_CHECK(cublasLtMatmulDescSetAttribute((cublasLtMatmulDesc_t)&g->d, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof n));
+    BLAS_CHECK(cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&g->w, CUDA_R_16BF, K, N, K));
+    BLAS_CHECK(cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&g->a, CUDA_R_16BF, K, T, K));
+    BLAS_CHECK(cublasLtMatrixLayoutInit((cublasLtMatrixLayout_t)&g->c, CUDA_R_16BF, N, T, N));
 }
-static inline void gpu_blas_destroy(gpu_blas h) { BLAS_CHECK(cublasDestroy(h)); }
-static inline void gpu_gemm_bf16(gpu_blas h, void *C, const void *A, const void *W, int T, int N,
-                                 int K) {
+/* The library's first choice for (T, N, K) with every pointer aligned to `align` bytes and at
+ * most ws_bytes of workspace: 1, or 0 when it offers none. */
+static inline int gpu_gemm_pick(gpu_blas h, gpu_gemm_algo *algo, int T, int N, int K,
+                                unsigned align, size_t ws_bytes) {
+    struct gpu_gemm_desc g;
+    gpu_gemm_desc_init(&g, T, N, K);
+    cublasLtMatmulPreference_t pref;
+    BLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = ws_bytes;
+    BLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const cublasLtMatmulPreferenceAttributes_t al[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t a32 = align;
+    for (int i = 0; i < 4; i++) BLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, al[i], &a32, sizeof a32));
+    /* split-K partials summed in fp32 only (not in place in the bf16 output, nor in its type):
+     * the output rounded once */
+    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    BLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
+    cublasLtMatmulHeuristicResult_t r;
+    int n = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        h, (cublasLtMatmulDesc_t)&g.d, (cublasLtMatrixLayout_t)&g.w, (cublasLtMatrixLayout_t)&g.a,
+        (cublasLtMatrixLayout_t)&g.c, (cublasLtMatrixLayout_t)&g.c, pref, 1, &r, &n);
+    BLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (st != CUBLAS_STATUS_SUCCESS || n < 1) return 0;
+    *algo = r.algo;
+    return 1;
+}
+/* C = A W^T with `algo`: 0, or -1 when the algorithm does not take this problem. */
+static inline int gpu_gemm_run(gpu_blas h, const gpu_gemm_algo *algo, void *C, const void *A,
+                               const void *W, int T, int N, int K, void *ws, size_t ws_bytes,
+                               gpu_stream s) {
+    struct gpu_gemm_desc g;
+    gpu_gemm_desc_init(&g, T, N, K);
     const float one = 1.0f, zero = 0.0f;
-    /* column-major view: C^T (N x T) = W (K x N col-major)^T * A^T (K x T col-major) */
-    BLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, W, CUDA_R_16BF, K, A,
-                            CUDA_R_16BF, K, &zero, C, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
+    const cublasStatus_t st = cublasLtMatmul(
+        h, (cublasLtMatmulDesc_t)&g.d, &one, W, (cublasLtMatrixLayout_t)&g.w, A,
+        (cublasLtMatrixLayout_t)&g.a, &zero, C, (cublasLtMatrixLayout_t)&g.c, C,
+        (cublasLtMatrixLayout_t)&g.c, algo, ws, ws_bytes, s);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return -1;
+    BLAS_CHECK(st);
+    return 0;
 }
 
 /* ---- device helpers -------------------------------------------------------------------- */

@@ -72,11 +72,35 @@ struct cuda_prof {
     gpu_event ev[CUDA_PROF_MAX + 1];
 };
 
+/* The GEMM library's algorithm for a shape: per (N, K, pointer alignment) and row bucket
+ * (cuda_gemm_bucket: T rounded up, so a new prompt length finds its plan made), or exact T (m < 0)
+ * where a bucket's algorithm does not take that T. */
+#define CUDA_GEMM_PLANS 4096
+struct cuda_gemm_plan {
+    int N, K, m;              /* m: the bucket, or -T */
+    unsigned align;
+    int state;                /* 0 empty, 1 algo, 2 the library offered none */
+    gpu_gemm_algo algo;
+};
+/* The shapes cuda_gemm has run, for cuda_gemm_warm: the weights of one call, the largest T. */
+#define CUDA_GEMM_SHAPES 64
+struct cuda_gemm_shape {
+    int N, K, max_T;
+    unsigned align;
+    const void *W;
+};
+
 struct cuda {
     struct gpu_info info;
     gpu_stream stream;
     gpu_blas blas;
     void *blas_ws;            /* cuBLAS workspace */
+    size_t blas_ws_bytes;
+    struct cuda_gemm_plan *gemm_plans; /* (CUDA_GEMM_PLANS,) open addressing */
+    int n_gemm_plans;
+    long gemm_picks;          /* the library's heuristic asked (tests: none after cuda_gemm_warm) */
+    struct cuda_gemm_shape gemm_shapes[CUDA_GEMM_SHAPES];
+    int n_gemm_shapes;
     struct cuda_graph_slot graphs[CUDA_MAX_GRAPHS];
     int n_graphs;
     int capturing;            /* key being captured, 0 if none */
@@ -212,6 +236,10 @@ void cuda_argmax_rows(struct cuda *cu, int32_t *out, const uint16_t *x, int n, i
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);
 void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T, int N,
                int K);
+int cuda_gemm_bucket(int T);
+/* Makes (and runs once, loading its kernel) the plan of every row bucket up to max_T of every
+ * shape run so far (up to the largest T it ran, for shapes only ever run on a few rows). */
+void cuda_gemm_warm(struct cuda *cu, int max_T);
 
 /* attention.cu. Decode (T = 1): cuda_attn_prep only records the norm weights and
  * cuda_attn_decode launches one kernel doing prep, split-KV attention, merge and gate; prefill:

@@ -1048,8 +1048,82 @@ extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x
 }
 
 /* cuBLAS GEMM: out (T, N) = x (T, K) W^T, W (N, K). FLOPs: 2 T N K. */
+
+/* Row buckets: T itself up to 16 (a batched step's rows), then 16 buckets or fewer per doubling,
+ * so an algorithm chosen for the bucket's top is at most ~1/16 off the T it runs. */
+extern "C" int cuda_gemm_bucket(int T) {
+    if (T <= 16) return T;
+    const int step = T <= 256 ? 16 : T <= 512 ? 32 : T <= 1024 ? 64 : T <= 2048 ? 128
+                   : T <= 4096 ? 256 : 512;
+    return (T + step - 1) / step * step;
+}
+
+static unsigned ptr_align(const void *a, const void *b, const void *c) {
+    const uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | 256;
+    return (unsigned)(bits & (~bits + 1));
+}
+
+/* The plan of (N, K, m, align), made on first use; NULL when the table is full. */
+static struct cuda_gemm_plan *gemm_plan(struct cuda *cu, int N, int K, int m, unsigned align) {
+    if (!cu->gemm_plans)
+        cu->gemm_plans = (struct cuda_gemm_plan *)xcalloc(CUDA_GEMM_PLANS, sizeof *cu->gemm_plans);
+    unsigned h = (unsigned)N * 2654435761u ^ (unsigned)K * 40503u ^ (unsigned)m * 2246822519u ^ align;
+    for (int probe = 0; probe < CUDA_GEMM_PLANS; probe++) {
+        struct cuda_gemm_plan *p = &cu->gemm_plans[(h + (unsigned)probe) % CUDA_GEMM_PLANS];
+        if (p->state && p->N == N && p->K == K && p->m == m && p->align == align) return p;
+        if (p->state) continue;
+        if (4 * (cu->n_gemm_plans + 1) > 3 * CUDA_GEMM_PLANS) return NULL; /* keep probes short */
+        p->N = N, p->K = K, p->m = m, p->align = align;
+        p->state = gpu_gemm_pick(cu->blas, &p->algo, m > 0 ? m : -m, N, K, align, cu->blas_ws_bytes) ? 1 : 2;
+        cu->gemm_picks++;
+        cu->n_gemm_plans++;
+        return p;
+    }
+    return NULL;
+}
+
+static int gemm_with(struct cuda *cu, const struct cuda_gemm_plan *p, uint16_t *out,
+                     const uint16_t *x, const uint16_t *W, int T, int N, int K) {
+    return p && p->state == 1 ? gpu_gemm_run(cu->blas, &p->algo, out, x, W, T, N, K, cu->blas_ws,
+                                             cu->blas_ws_bytes, cu->stream)
+                              : -1;
+}
+
 extern "C" void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
                           int T, int N, int K) {
-    gpu_gemm_bf16(cu->blas, out, x, W, T, N, K);
+    const unsigned align = ptr_align(out, x, W);
+    int i = 0;
+    while (i < cu->n_gemm_shapes && !(cu->gemm_shapes[i].N == N && cu->gemm_shapes[i].K == K &&
+                                      cu->gemm_shapes[i].align == align))
+        i++;
+    if (i == cu->n_gemm_shapes && i < CUDA_GEMM_SHAPES)
+        cu->gemm_shapes[cu->n_gemm_shapes++] = (struct cuda_gemm_shape){N, K, T, align, W};
+    else if (i < cu->n_gemm_shapes && T > cu->gemm_shapes[i].max_T)
+        cu->gemm_shapes[i].max_T = T;
+    if (gemm_with(cu, gemm_plan(cu, N, K, cuda_gemm_bucket(T), align), out, x, W, T, N, K) != 0) {
+        /* the bucket's algorithm does not take this T (or the table is full): T's own */
+        struct cuda_gemm_plan *p = gemm_plan(cu, N, K, -T, align), fresh;
+        if (!p) {
+            fresh.state = gpu_gemm_pick(cu->blas, &fresh.algo, T, N, K, align, cu->blas_ws_bytes) ? 1 : 2;
+            cu->gemm_picks++;
+            p = &fresh;
+        }
+        CHECK(gemm_with(cu, p, out, x, W, T, N, K) == 0);
+    }
     cu->n_launches++;
+}
+
+extern "C" void cuda_gemm_warm(struct cuda *cu, int max_T) {
+    CHECK(!cu->capturing);
+    for (int i = 0; i < cu->n_gemm_shapes; i++) {
+        const struct cuda_gemm_shape *sh = &cu->gemm_shapes[i];
+        const int top = sh->max_T > 16 ? max_T : sh->max_T;
+        for (int m = 1; m <= top; m = cuda_gemm_bucket(m + 1)) {
+            if ((size_t)m * sh->N > cu->y_elems || (size_t)m * sh->K > cu->xn_elems) break;
+            /* on the scratch (its contents do not matter), with these weights: loads the kernel */
+            (void)gemm_with(cu, gemm_plan(cu, sh->N, sh->K, m, sh->align), cu->y, cu->xn,
+                            (const uint16_t *)sh->W, m, sh->N, sh->K);
+        }
+    }
+    gpu_stream_sync(cu->stream);
 }
