@@ -13,7 +13,8 @@ with the random numbers drawn on the GPU, which takes seconds instead of minutes
   1. builds Qwen3_5ForCausalLM of the real shape with seeded weights on the GPU (bf16), saves it
      in the published format (nested config, model.language_model.* names, A_log and
      linear_attn.norm.weight F32), and makes an fp32 copy of the same bf16 values;
-  2. teacher-forced logits over a 160-token random prompt: transformers bf16 and strata-CUDA,
+  2. teacher-forced logits over a 160-token random prompt (and with --long N over N tokens too):
+     transformers bf16 and strata-CUDA,
      each against transformers fp32; strata passes when its max and mean error are within 1.5x
      of transformers' bf16 error and its argmax agreement is no more than 1 point lower;
   3. trains the model briefly to memorise 4 sequences of 100 tokens (AdamW; all weights for 0.8B
@@ -289,6 +290,7 @@ def cmd_compare(a):
     rng = np.random.default_rng(a.seed)
     prompt = rng.integers(0, V, PROMPT_LEN).tolist()
     seqs_np = rng.integers(0, 248000, size=(N_SEQ, SEQ_LEN))
+    long_prompt = np.random.default_rng(a.seed + 1).integers(0, V, a.long).tolist() if a.long > 0 else None
 
     m16 = hf_model(tcfg, torch.bfloat16)
     init_params(m16, a.seed)
@@ -298,6 +300,9 @@ def cmd_compare(a):
     log(f"  {a.size}: built and saved in {time.time() - t0:.1f} s")
     try:
         res["untrained"] = logits_check("untrained", m16, m32, a.strata_logits, ckpt, prompt)
+        if long_prompt:
+            res["untrained_long"] = logits_check("untrained, long", m16, m32, a.strata_logits, ckpt, long_prompt)
+            torch.cuda.empty_cache()
     except Exception as e:
         res["untrained"] = {"error": repr(e)[:1000]}
         log(f"  untrained check failed: {e!r}")
@@ -322,6 +327,9 @@ def cmd_compare(a):
                                                            "trained": "memorised 4 x 100"})
     try:
         res["trained"] = logits_check("trained", m16, m32, a.strata_logits, ckpt, prompt)
+        if long_prompt:
+            res["trained_long"] = logits_check("trained, long", m16, m32, a.strata_logits, ckpt, long_prompt)
+            torch.cuda.empty_cache()
     except Exception as e:
         res["trained"] = {"error": repr(e)[:1000]}
         log(f"  trained logits check failed: {e!r}")
@@ -379,6 +387,9 @@ def main():
     c.add_argument("--json", default=None)
     c.add_argument("--seed", type=int, default=1234)
     c.add_argument("--steps", type=int, default=150)
+    c.add_argument("--long", type=int, default=0,
+                   help="also check teacher-forced logits over a random prompt of this many tokens "
+                        "(issue 26: >= 2,048), untrained and trained")
     c.add_argument("--lr", type=float, default=None)
     a = ap.parse_args()
     if a.cmd == "random":

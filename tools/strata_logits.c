@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
     }
     struct model_options opt = {0};
     opt.backend = !strcmp(argv[2], "cpu") ? BACKEND_CPU : BACKEND_CUDA;
-    opt.ctx = 2048;
+    opt.ctx = 8192; /* --long prompts of compare_transformers.py up to 8,191 tokens */
     opt.quiet = 1;
     int n;
     int32_t *ids = read_ids(argv[3], &n);
