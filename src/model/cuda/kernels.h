@@ -238,7 +238,8 @@ void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t
                int K);
 int cuda_gemm_bucket(int T);
 /* Makes (and runs once, loading its kernel) the plan of every row bucket up to max_T of every
- * shape run so far (up to the largest T it ran, for shapes only ever run on a few rows). */
+ * shape run so far (up to the largest T it ran, for shapes only ever run on a few rows). It runs
+ * them with the weights of each shape's first call: those must still be allocated (the model's). */
 void cuda_gemm_warm(struct cuda *cu, int max_T);
 
 /* attention.cu. Decode (T = 1): cuda_attn_prep only records the norm weights and

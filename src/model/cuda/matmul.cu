@@ -1047,8 +1047,6 @@ extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x
     cu->n_launches++;
 }
 
-/* cuBLAS GEMM: out (T, N) = x (T, K) W^T, W (N, K). FLOPs: 2 T N K. */
-
 /* Row buckets: T itself up to 16 (a batched step's rows), then 16 buckets or fewer per doubling,
  * so an algorithm chosen for the bucket's top is at most ~1/16 off the T it runs. */
 extern "C" int cuda_gemm_bucket(int T) {
@@ -1089,6 +1087,7 @@ static int gemm_with(struct cuda *cu, const struct cuda_gemm_plan *p, uint16_t *
                               : -1;
 }
 
+/* cuBLAS GEMM: out (T, N) = x (T, K) W^T, W (N, K). FLOPs: 2 T N K. */
 extern "C" void cuda_gemm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
                           int T, int N, int K) {
     const unsigned align = ptr_align(out, x, W);
