@@ -750,7 +750,8 @@ static void op_destroy(struct backend *be) {
     gpu_stream_sync(cu->stream);
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
     void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
-                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_w, cu->gdn_u, cu->gdn_a, cu->gdn_sz, cu->early_cnt, cu->counters,
+                    cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_a,
+                    cu->gdn_h, cu->gdn_vn, cu->gdn_sz, cu->early_cnt, cu->counters,
                     cu->argmax_part, cu->n_posts, cu->blas_ws, cu->trace, cu->ktrace};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) gpu_free(bufs[i]);
@@ -889,9 +890,13 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->gdn_qk = (float *)dev_alloc(cu, T * 2 * Hk * dk * sizeof(float), "deltanet scratch");
     cu->gdn_bg = (float *)dev_alloc(cu, T * Hv * 2 * sizeof(float), "deltanet scratch");
     cu->gdn_o = (uint16_t *)dev_alloc(cu, T * Hv * dv * 2, "deltanet scratch");
-    cu->gdn_w = (float *)dev_alloc(cu, T * Hv * dk * sizeof(float), "deltanet scratch");
+    const size_t chunks = (T + 63) / 64;
+    cu->gdn_w = (uint16_t *)dev_alloc(cu, chunks * Hv * 64 * dk * 4, "deltanet scratch");
+    cu->gdn_kd = (uint16_t *)dev_alloc(cu, chunks * Hv * dk * 64 * 4, "deltanet scratch");
     cu->gdn_u = (float *)dev_alloc(cu, T * Hv * dv * sizeof(float), "deltanet scratch");
     cu->gdn_a = (float *)dev_alloc(cu, T * Hv * 64 * sizeof(float), "deltanet scratch");
+    cu->gdn_h = (uint16_t *)dev_alloc(cu, chunks * Hv * dk * dv * 4, "deltanet scratch");
+    cu->gdn_vn = (uint16_t *)dev_alloc(cu, chunks * Hv * dv * 64 * 4, "deltanet scratch");
     cu->gdn_sz = (float *)dev_alloc(cu, (size_t)Hv * dv * sizeof(float), "deltanet scratch");
     cu->early_cnt = (int *)dev_alloc(cu, 2 * CUDA_EARLY_SLOTS * sizeof(int), "counters");
     cu->counters = (int *)dev_alloc(cu, 256 * sizeof(int), "counters");

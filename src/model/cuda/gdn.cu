@@ -17,8 +17,9 @@
  * and counts its other rows done: the step starts on that count, while z streams
  * (cuda_gemv_early).
  * Prefill: conv+norms+gates for every token in parallel, the conv state update, the chunked
- * delta rule (below: the in-chunk WY / UT products for every chunk at once, then a pass over the
- * chunks per block of state columns), then the gated RMSNorm. */
+ * delta rule (below: the in-chunk WY / UT products for every chunk at once, a pass over the
+ * chunks per block of state columns, the outputs of every chunk at once), then the gated
+ * RMSNorm. */
 #include "kernels.h"
 
 #define GDN_THREADS 128 /* the step: 4 warps x 4 columns x 8 or 4 lanes */
@@ -263,19 +264,25 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
 
 /* ---- prefill -------------------------------------------------------------------------------- */
 
-/* Conv + SiLU for token t and one dk-wide head of channels (blockIdx.x < conv_dim / dk), then
- * for q/k heads the L2 norm; the extra block row blockIdx.x == conv_dim / dk computes beta and g.
- * Bytes: ~2 T conv_dim (x) * 4 (window) + 4 T (2 key_dim) + 2 T value_dim; FLOPs: ~12 T conv_dim. */
+/* Conv + SiLU for GDN_CONV_TT tokens from blockIdx.y * GDN_CONV_TT and one dk-wide head of
+ * channels (blockIdx.x < conv_dim / dk), a thread per channel sliding along the tokens (each
+ * input read once, all of them in flight at once), then for q/k heads the L2 norm of each token;
+ * the extra block row blockIdx.x == conv_dim / dk computes beta and g. (A block per token, as
+ * before run 180, was latency-bound: 266k blocks of a few loads each for a 4,096-token 4B layer.)
+ * Bytes: ~2 T conv_dim (x, once) + 4 T (2 key_dim) + 2 T value_dim; FLOPs: ~12 T conv_dim. */
+#define GDN_CONV_TT 16
 static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, const uint16_t *proj,
                                        const uint16_t *conv_state, const uint16_t *conv_w,
                                        const float *A_log, const float *dt_bias, const int32_t *pos,
-                                       int Hk, int Hv, int dk, int conv_dim, int value_dim) {
-    __shared__ float red[32];
-    const int t = blockIdx.y, hb = blockIdx.x, tid = threadIdx.x;
+                                       int T, int Hk, int Hv, int dk, int conv_dim, int value_dim) {
+    constexpr int TT = GDN_CONV_TT;
+    __shared__ float red[TT][32];
+    const int t0 = blockIdx.y * TT, hb = blockIdx.x, tid = threadIdx.x, nt = min(TT, T - t0);
     const size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
-    const uint16_t *x = proj + t * row;
     if (hb == conv_dim / dk) {
-        for (int v = tid; v < Hv; v += blockDim.x) {
+        for (int idx = tid; idx < nt * Hv; idx += blockDim.x) {
+            const int t = t0 + idx / Hv, v = idx % Hv;
+            const uint16_t *x = proj + t * row;
             float b = bf2f(x[conv_dim + value_dim + v]), a = bf2f(x[conv_dim + value_dim + Hv + v]);
             bg[((size_t)t * Hv + v) * 2] = bfr(sigmoid_f(b));
             bg[((size_t)t * Hv + v) * 2 + 1] = -expf(A_log[v]) * softplus_f(a + dt_bias[v]);
@@ -283,28 +290,44 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
         return;
     }
     const int ch = hb * dk + tid; /* blockDim.x == dk */
-    const uint16_t *w = conv_w + (size_t)ch * 4;
-    float acc = 0.0f;
+    float w[4], x[TT + 3], y[TT];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int s = t - 3 + j; /* sequence index of this tap's input; < 0: from the ring */
-        float e = s >= 0 ? bf2f(proj[(size_t)s * row + ch]) : bf2f(conv_state[(size_t)ch * 4 + ((*pos + s) & 3)]);
-        acc += bf2f(w[j]) * e;
+    for (int j = 0; j < 4; j++) w[j] = bf2f(conv_w[(size_t)ch * 4 + j]);
+    const int p0 = *pos;
+#pragma unroll
+    for (int j = 0; j < TT + 3; j++) { /* inputs of tokens t0 - 3 .. t0 + TT - 1; < 0: from the ring */
+        const int s = t0 - 3 + j;
+        x[j] = s >= T ? 0.0f : s >= 0 ? bf2f(proj[(size_t)s * row + ch]) : bf2f(conv_state[(size_t)ch * 4 + ((p0 + s) & 3)]);
     }
-    const float y = bfr(silu_f(bfr(acc)));
+#pragma unroll
+    for (int i = 0; i < TT; i++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc += w[j] * x[i + j];
+        y[i] = bfr(silu_f(bfr(acc)));
+    }
     if (hb >= 2 * Hk) {
-        ybuf[(size_t)t * conv_dim + ch] = f2bf(y);
+#pragma unroll
+        for (int i = 0; i < TT; i++)
+            if (i < nt) ybuf[(size_t)(t0 + i) * conv_dim + ch] = f2bf(y[i]);
         return;
     }
-    float ss = warp_sum(y * y);
-    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE;
-    if (lane == 0) red[wid] = ss;
+    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, nw = blockDim.x / WARP_SIZE;
+#pragma unroll
+    for (int i = 0; i < TT; i++) {
+        const float ss = warp_sum(y[i] * y[i]);
+        if (lane == 0) red[i][wid] = ss;
+    }
     __syncthreads();
-    ss = 0.0f;
-    for (int i = 0; i < (int)(blockDim.x / WARP_SIZE); i++) ss += red[i];
-    const float inv = 1.0f / sqrtf(ss + 1e-6f);
     const float scale = hb < Hk ? 1.0f / sqrtf((float)dk) : 1.0f;
-    qk[((size_t)t * 2 * Hk + hb) * dk + tid] = y * inv * scale;
+#pragma unroll
+    for (int i = 0; i < TT; i++) {
+        if (i >= nt) break;
+        float ss = 0.0f;
+        for (int k = 0; k < nw; k++) ss += red[i][k];
+        const float inv = 1.0f / sqrtf(ss + 1e-6f);
+        qk[((size_t)(t0 + i) * 2 * Hk + hb) * dk + tid] = y[i] * inv * scale;
+    }
 }
 
 /* The rings of the checkpoints inside the call (blockIdx.y: which), from the old ring and the
@@ -341,24 +364,47 @@ static __global__ void gdn_conv_state_kernel(uint16_t *conv_state, const uint16_
  * then over the chunks in order, on the fp32 state S (dk, dv):
  *   v_new = U - W S;  o = (q exp(gamma)) S + A_qk v_new;  S <- exp(gamma_last) S +
  *   (k exp(gamma_last - gamma))^T v_new.
- * gdn_chunk_prep_kernel does the first part for every (chunk, head) at once; the second part
- * (gdn_chunk_state_kernel) is sequential in chunks but splits the state's value columns over
- * blocks (each column of S, v_new and o depends only on its own column). All fp32 on CUDA cores
- * (the recurrent form cpu.c runs is fp32, and the state carries every rounding forward): the
- * same function as the scan it replaces up to fp32 rounding (~1e-6 relative). */
-#define GDN_C 64        /* tokens per chunk */
-#define GDN_CT 256      /* threads of both chunk kernels */
-#define GDN_PAD 4       /* floats of padding per shared row (16-byte rows, banks spread) */
+ * gdn_chunk_prep_kernel does the first part for every (chunk, head) at once (fp32 on CUDA cores:
+ * the forward substitution carries every rounding into W and U). gdn_chunk_h_kernel runs the
+ * chunks in order per block of state columns (each column of S, v_new and o depends only on its
+ * own column) and does only what needs the state: v_new and the state update, on tensor cores
+ * with split bf16 operands (~2^-16 a product, fp32 accumulation: within ~1e-5 of the recurrent
+ * fp32 scan cpu.c runs); it stores each chunk's starting state and v_new, and
+ * gdn_chunk_o_kernel forms the outputs of every chunk at once (runs 179-181: the state pass,
+ * output included, 24.9 -> 8.7 ms of a 4,096-token 4B prefill). */
+/* An fp32 pair as two bf16 pairs, hi = bf16(x) and lo = bf16(x - hi): hi + lo carries ~16 bits
+ * of x's 24 (the split the flash kernel uses for P). */
+static __device__ __forceinline__ void split_bf(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    hi = pack_bf(x0, x1);
+    lo = pack_bf(x0 - lo_bf(hi), x1 - hi_bf(hi));
+}
+/* d += a b on tensor cores with both operands split: al bh + ah bl + ah bh (the al bl term, ~2^-16
+ * of the product, dropped; the small terms first). Each product good to ~2^-16 relative, with
+ * fp32 accumulation: the chunked pass stays at fp32-like error on the state it carries forward. */
+static __device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4],
+                                                 const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1,
+                                                 uint32_t bl0, uint32_t bl1) {
+    mma_bf16(d, al, bh0, bh1);
+    mma_bf16(d, ah, bl0, bl1);
+    mma_bf16(d, ah, bh0, bh1);
+}
 
-/* Block (chunk, value head). Writes W (T, Hv, dk), U (T, Hv, dv), A_qk (T, Hv, GDN_C) (zero
- * above the diagonal) for the chunk's rows, and replaces bg's g of those rows by gamma.
- * Shared: k, q (GDN_C, DK + pad), A_kk (GDN_C, GDN_C + pad), gamma, beta.
- * Bytes: ~T Hv (8 dk (q, k from L2) + 2 dv + 4 (dk + dv + GDN_C)); FLOPs: ~T Hv (4 GDN_C dk + GDN_C
- * (dk + dv)) */
+#define GDN_C 64        /* tokens per chunk */
+#define GDN_CT 256      /* threads of the chunk kernels: 8 warps */
+#define GDN_PAD 8       /* floats of padding per shared row of the prep (16-byte rows; the
+                         * fragments' 8-byte loads bank-conflict free) */
+
+/* Block (chunk, value head). Writes W and k exp(gamma_last - gamma)^T (bf16 hi / lo planes, per
+ * chunk and value head), U (T, Hv, dv), A_qk (T, Hv, GDN_C) (zero above the diagonal) for the
+ * chunk's rows, and replaces bg's g of those rows by gamma. A_kk and A_qk on tensor cores
+ * (mma_split), the substitution below. Shared: k, q (GDN_C, DK + pad), A_kk (GDN_C, GDN_C +
+ * pad), gamma, beta; then [W | U] over k and q.
+ * Bytes: ~T Hv (8 dk (q, k from L2) + 2 dv + 4 (2 dk + dv + GDN_C)); FLOPs: ~T Hv (4 GDN_C dk +
+ * GDN_C (dk + dv)), the first half issued 3 times. */
 template <int DK, int DV>
 static __global__ void __launch_bounds__(GDN_CT, 1)
-gdn_chunk_prep_kernel(float *w_out, float *u_out, float *a_out, float *bg, const float *qk,
-                      const uint16_t *ybuf, int T, int Hk, int Hv, int conv_dim) {
+gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_out, float *bg,
+                      const float *qk, const uint16_t *ybuf, int T, int Hk, int Hv, int conv_dim) {
     extern __shared__ float4 cp_sm[];
     constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD;
     float *ks = (float *)cp_sm, *qs = ks + GDN_C * RS, *As = qs + GDN_C * RS;
@@ -390,251 +436,467 @@ gdn_chunk_prep_kernel(float *w_out, float *u_out, float *a_out, float *bg, const
     __syncthreads();
     if (tid < L) bg[((size_t)(t0 + tid) * Hv + v) * 2 + 1] = gam[tid];
 
-    /* A_kk and A_qk: thread (i, j = j4 + 4 m) */
+    /* A_kk and A_qk on tensor cores (mma_split, operands split from the fp32 tiles): warp w
+     * the rows of m-tile w % 4 against keys 32 (w / 4) .. + 31, tiles wholly above the diagonal
+     * skipped (warp-uniform) */
     {
-        const int i = tid / 4, j4 = tid % 4;
-        float kk[GDN_C / 4], qq[GDN_C / 4];
+        const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, t4 = lane % 4;
+        const int mt = wid % 4, nb = 4 * (wid / 4), i0 = 16 * mt + g;
+        float kk[4][4], qq[4][4];
 #pragma unroll
-        for (int m = 0; m < GDN_C / 4; m++) kk[m] = qq[m] = 0.0f;
-        for (int d = 0; d < DK; d += 4) {
-            const float4 ki = *(const float4 *)(ks + i * RS + d), qi = *(const float4 *)(qs + i * RS + d);
+        for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int m = 0; m < GDN_C / 4; m++) {
-                const float4 kj = *(const float4 *)(ks + (j4 + 4 * m) * RS + d);
-                kk[m] += ki.x * kj.x + ki.y * kj.y + ki.z * kj.z + ki.w * kj.w;
-                qq[m] += qi.x * kj.x + qi.y * kj.y + qi.z * kj.z + qi.w * kj.w;
+            for (int e = 0; e < 4; e++) kk[n][e] = qq[n][e] = 0.0f;
+        const float *k0 = ks + i0 * RS + 2 * t4, *k1 = k0 + 8 * RS, *q0 = qs + i0 * RS + 2 * t4, *q1 = q0 + 8 * RS;
+#pragma unroll 2
+        for (int d = 0; d < DK; d += 16) {
+            uint32_t kh[4], kl[4], qh[4], ql[4];
+            float2 x;
+            x = *(const float2 *)(k0 + d), split_bf(x.x, x.y, kh[0], kl[0]);
+            x = *(const float2 *)(k1 + d), split_bf(x.x, x.y, kh[1], kl[1]);
+            x = *(const float2 *)(k0 + d + 8), split_bf(x.x, x.y, kh[2], kl[2]);
+            x = *(const float2 *)(k1 + d + 8), split_bf(x.x, x.y, kh[3], kl[3]);
+            x = *(const float2 *)(q0 + d), split_bf(x.x, x.y, qh[0], ql[0]);
+            x = *(const float2 *)(q1 + d), split_bf(x.x, x.y, qh[1], ql[1]);
+            x = *(const float2 *)(q0 + d + 8), split_bf(x.x, x.y, qh[2], ql[2]);
+            x = *(const float2 *)(q1 + d + 8), split_bf(x.x, x.y, qh[3], ql[3]);
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                if (8 * (nb + n) > 16 * mt + 15) continue;
+                const float *kj = ks + (8 * (nb + n) + g) * RS + d + 2 * t4;
+                uint32_t bh0, bl0, bh1, bl1;
+                x = *(const float2 *)kj, split_bf(x.x, x.y, bh0, bl0);
+                x = *(const float2 *)(kj + 8), split_bf(x.x, x.y, bh1, bl1);
+                mma_split(kk[n], kh, kl, bh0, bh1, bl0, bl1);
+                mma_split(qq[n], qh, ql, bh0, bh1, bl0, bl1);
             }
         }
-        const float bi = bet[i], gi = gam[i];
 #pragma unroll
-        for (int m = 0; m < GDN_C / 4; m++) {
-            const int j = j4 + 4 * m;
-            const float dec = j <= i ? expf(gi - gam[j]) : 0.0f; /* HF: decay_mask */
-            As[i * AS + j] = j < i ? bi * kk[m] * dec : 0.0f;
-            if (i < L) a_out[((size_t)(t0 + i) * Hv + v) * GDN_C + j] = qq[m] * dec;
-        }
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int i = i0 + 8 * h, j = 8 * (nb + n) + 2 * t4;
+                const float bi = bet[i], gi = gam[i];
+                const float dec0 = j <= i ? expf(gi - gam[j]) : 0.0f; /* HF: decay_mask */
+                const float dec1 = j + 1 <= i ? expf(gi - gam[j + 1]) : 0.0f;
+                As[i * AS + j] = j < i ? bi * kk[n][2 * h] * dec0 : 0.0f;
+                As[i * AS + j + 1] = j + 1 < i ? bi * kk[n][2 * h + 1] * dec1 : 0.0f;
+                if (i < L)
+                    *(float2 *)(a_out + ((size_t)(t0 + i) * Hv + v) * GDN_C + j) =
+                        make_float2(qq[n][2 * h] * dec0, qq[n][2 * h + 1] * dec1);
+            }
     }
     __syncthreads();
 
-    /* forward substitution, a column of [W | U] per thread: x_i = b_i - sum_{j<i} A_kk[i][j] x_j */
-    for (int col = tid; col < DK + DV; col += GDN_CT) {
+    /* [W | U] = (I + A_kk)^-1 [beta k exp(gamma) | beta v] in 16-row blocks: X_b = solve(I + A_bb,
+     * B_b - A_b,<b X_<b), the products between blocks on tensor cores (mma_split), each diagonal
+     * block by substitution, a column per thread (run 180: a whole column's 64-step substitution
+     * per thread, before, was latency-bound). X in shared memory over the k / q tiles (XS = DK +
+     * DV + 4: the fragment loads conflict free). Also k exp(gamma_last - gamma) for the state
+     * update, transposed. W and that k go out as bf16 hi / lo planes, the chunk pass's operands
+     * as it loads them: (chunk, value head, plane, row, k); U as fp32 (T, Hv, dv). */
+    constexpr int NCOL = DK + DV, XS = NCOL + 4, NTW = NCOL / 64;
+    static_assert(NCOL <= GDN_CT && NCOL % 64 == 0 && GDN_C * XS <= 2 * GDN_C * RS, "blocked substitution");
+    float *X = ks;
+    const int col = tid;
+    uint16_t *wp = w_out + ((size_t)c * Hv + v) * 2 * GDN_C * DK;
+    {
         float x[GDN_C];
         if (col < DK) {
+            const float glast = gam[L - 1];
+            uint16_t *kp = kd_out + ((size_t)c * Hv + v) * 2 * DK * GDN_C + (size_t)col * GDN_C;
 #pragma unroll
-            for (int i = 0; i < GDN_C; i++) x[i] = bet[i] * ks[i * RS + col] * expf(gam[i]);
-        } else {
+            for (int i8 = 0; i8 < GDN_C; i8 += 8) {
+                uint32_t h[4], l[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int i = i8 + 2 * q;
+                    const float k0 = ks[i * RS + col], k1 = ks[(i + 1) * RS + col];
+                    x[i] = bet[i] * k0 * expf(gam[i]);
+                    x[i + 1] = bet[i + 1] * k1 * expf(gam[i + 1]);
+                    split_bf(k0 * expf(glast - gam[i]), k1 * expf(glast - gam[i + 1]), h[q], l[q]);
+                }
+                *(uint4 *)(kp + i8) = make_uint4(h[0], h[1], h[2], h[3]);
+                *(uint4 *)(kp + (size_t)DK * GDN_C + i8) = make_uint4(l[0], l[1], l[2], l[3]);
+            }
+        } else if (col < NCOL) {
             const uint16_t *vp = ybuf + 2 * (size_t)key_dim + (size_t)v * DV + (col - DK);
 #pragma unroll
             for (int i = 0; i < GDN_C; i++) x[i] = i < L ? bet[i] * bf2f(vp[(size_t)(t0 + i) * conv_dim]) : 0.0f;
         }
+        __syncthreads(); /* every read of k done: X goes over it */
+        if (col < NCOL)
 #pragma unroll
-        for (int i = 1; i < GDN_C; i++) {
-            float acc = x[i];
+            for (int i = 0; i < GDN_C; i++) X[i * XS + col] = x[i];
+        __syncthreads();
+    }
+    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, t4 = lane % 4;
+#pragma unroll 1
+    for (int b = 0; b < GDN_C / 16; b++) {
+        if (b > 0) { /* X_b -= A_b,<b X_<b: warp w the n-tiles NTW w .. */
+            float acc[NTW][4];
 #pragma unroll
-            for (int j = 0; j < i; j++) acc -= As[i * AS + j] * x[j];
-            x[i] = acc;
+            for (int n = 0; n < NTW; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+            const float *a0 = As + (16 * b + g) * AS + 2 * t4, *a1 = a0 + 8 * AS;
+            for (int k0 = 0; k0 < 16 * b; k0 += 16) {
+                uint32_t ah[4], al[4];
+                float2 x = *(const float2 *)(a0 + k0);
+                split_bf(x.x, x.y, ah[0], al[0]);
+                x = *(const float2 *)(a1 + k0);
+                split_bf(x.x, x.y, ah[1], al[1]);
+                x = *(const float2 *)(a0 + k0 + 8);
+                split_bf(x.x, x.y, ah[2], al[2]);
+                x = *(const float2 *)(a1 + k0 + 8);
+                split_bf(x.x, x.y, ah[3], al[3]);
+#pragma unroll
+                for (int n = 0; n < NTW; n++) {
+                    const float *xc = X + (k0 + 2 * t4) * XS + 8 * (NTW * wid + n) + g;
+                    uint32_t bh0, bl0, bh1, bl1;
+                    split_bf(xc[0], xc[XS], bh0, bl0);
+                    split_bf(xc[8 * XS], xc[9 * XS], bh1, bl1);
+                    mma_split(acc[n], ah, al, bh0, bh1, bl0, bl1);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NTW; n++) {
+                float *xo = X + (16 * b + g) * XS + 8 * (NTW * wid + n) + 2 * t4;
+                xo[0] -= acc[n][0], xo[1] -= acc[n][1];
+                xo[8 * XS] -= acc[n][2], xo[8 * XS + 1] -= acc[n][3];
+            }
+            __syncthreads();
         }
-        float *dst = col < DK ? w_out + (size_t)v * DK + col : u_out + (size_t)v * DV + (col - DK);
-        const int stride = col < DK ? Hv * DK : Hv * DV;
+        if (col < NCOL) { /* the diagonal block by substitution, a column per thread */
+            float y[16];
 #pragma unroll
-        for (int i = 0; i < GDN_C; i++)
-            if (i < L) dst[(size_t)(t0 + i) * stride] = x[i];
+            for (int i = 0; i < 16; i++) y[i] = X[(16 * b + i) * XS + col];
+#pragma unroll
+            for (int i = 1; i < 16; i++) {
+                float acc = y[i];
+#pragma unroll
+                for (int j = 0; j < i; j++) acc -= As[(16 * b + i) * AS + 16 * b + j] * y[j];
+                y[i] = acc;
+            }
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int r = 16 * b + i;
+                X[r * XS + col] = y[i];
+                if (col < DK) { /* every row: rows past L are zero (their beta is) */
+                    const uint16_t h = f2bf(y[i]);
+                    wp[(size_t)r * DK + col] = h;
+                    wp[(size_t)(GDN_C + r) * DK + col] = f2bf(y[i] - bf2f(h));
+                } else if (r < L) {
+                    u_out[((size_t)(t0 + r) * Hv + v) * DV + col - DK] = y[i];
+                }
+            }
+        }
+        __syncthreads();
     }
 }
 
-/* Block (value head, NC state columns), sequential over the chunks; the state slice in
- * registers (SR rows x 2 columns per thread) and in shared memory for the products. Register
- * tiles (v_new and o: RT rows x 4 columns per thread; the state update: SR rows x 2 columns)
- * so that each shared-memory load feeds several multiply-adds (run 132: one row-column per
- * thread was bound by shared-memory loads, 27 us per chunk at 4B).
- * Shared: S (DK, NC), W, q exp(gamma), k exp(gamma_last - gamma) (GDN_C, DK + pad), A_qk
- * (GDN_C, GDN_C + pad), U, v_new (GDN_C, NC).
- * Bytes: 8 Hv dk dv (state) + T Hv (dv / NC) 4 (3 dk + GDN_C) (W, q, k, A_qk from L2 per block) +
- * 4 T Hv dv (U) + 2 T Hv dv (o); FLOPs: ~2 T Hv dv (3 dk + GDN_C). */
+/* Fragments from shared bf16 matrices by ldmatrix (rows of 16-byte chunks; the strides used
+ * here, 4 words mod 32 a row, keep them conflict free). A: the 16 x 16 tile at (m0, k0) of a
+ * row-major [m][k] matrix. B: CNT n-tiles from n0, k0 .. k0 + 15, of a [n][k] matrix. */
+static __device__ __forceinline__ void ldsm_a(uint32_t (&a)[4], const uint16_t *base, int stride, int m0, int k0) {
+    const int lane = threadIdx.x % WARP_SIZE, mat = lane / 8, mr = lane % 8;
+    ldmatrix_x4(a, smem_addr(base + (m0 + mr + (mat & 1) * 8) * stride + k0 + (mat >> 1) * 8));
+}
+template <int CNT>
+static __device__ __forceinline__ void ldsm_b(uint32_t (&b)[CNT][2], const uint16_t *base, int stride, int n0, int k0) {
+    const int lane = threadIdx.x % WARP_SIZE, mat = lane / 8, mr = lane % 8;
+#pragma unroll
+    for (int p = 0; p < CNT / 2; p++) {
+        uint32_t r[4];
+        ldmatrix_x4(r, smem_addr(base + (n0 + 16 * p + mr + (mat >> 1) * 8) * stride + k0 + (mat & 1) * 8));
+        b[2 * p][0] = r[0], b[2 * p][1] = r[1], b[2 * p + 1][0] = r[2], b[2 * p + 1][1] = r[3];
+    }
+    if (CNT % 2) {
+        uint32_t r[2];
+        ldmatrix_x2(r, smem_addr(base + (n0 + 16 * (CNT / 2) + mr) * stride + k0 + (mat & 1) * 8));
+        b[CNT - 1][0] = r[0], b[CNT - 1][1] = r[1];
+    }
+}
+
+/* The pass over the chunks: block (value head, NC state columns), 8 warps, sequential in chunks,
+ * on tensor cores (mma m16n8k16; every operand as bf16 hi + lo, the hi-hi products in one
+ * accumulator and the two cross terms in another). Per chunk:
+ *   v_new = U - W S          (64 x NC, k = DK)
+ *   S <- exp(gamma_last) S + (k exp(gamma_last - gamma))^T v_new   (DK x NC, k = 64)
+ * W and the decayed k^T come split from the prep; the state lives in the warps' accumulator
+ * tiles (fp32, exact between chunks) and, as the B operand of the next W S, in shared memory
+ * transposed as hi / lo planes, which are also what the output pass needs: each chunk's
+ * starting state goes to h_out and its v_new to vn_out (both (chunk, value head, plane, column,
+ * k)), so q S and A_qk v_new, half the work, run in gdn_chunk_o_kernel with every chunk in
+ * parallel. The next chunk's tiles load by cp.async while this chunk computes (two buffers).
+ * Shared: W (2 x 2 x 64 x DK + pad, bf16), k^T (2 x 2 x DK x 64 + pad), U (2 x 64 x NC + pad,
+ * fp32), S^T and v_new^T (hi / lo), gamma_last.
+ * Bytes: T Hv (dv / NC) (8 DK + 4 NC) in (W, k, U from L2 per block), T Hv dv 4 (DK / 64 + 1)
+ * out (S per chunk, v_new); FLOPs (issued): 3 x 4 T Hv dv DK. */
 template <int DK, int NC>
 static __global__ void __launch_bounds__(GDN_CT, 1)
-gdn_chunk_state_kernel(uint16_t *o_out, float *state, const float *w_in, const float *u_in,
-                       const float *a_in, const float *bg, const float *qk, int T, int Hk, int Hv,
-                       int dv, struct backend_snap snap) {
-    extern __shared__ float4 cs_sm[];
-    constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD;
-    constexpr int CG = NC / 4, RGN = GDN_CT / CG, RT = GDN_C / RGN; /* v_new / o tiles */
-    constexpr int CP = NC / 2, DG = GDN_CT / CP, SR = DK / DG;      /* state tiles */
-    static_assert(NC % 4 == 0 && GDN_CT % CG == 0 && GDN_C % RGN == 0 && RT >= 1, "o tiling");
-    static_assert(GDN_CT % CP == 0 && DK % DG == 0 && SR >= 1, "state tiling");
-    float *Ss = (float *)cs_sm, *Ws = Ss + DK * NC, *Qs = Ws + GDN_C * RS, *Kd = Qs + GDN_C * RS;
-    float *As = Kd + GDN_C * RS, *Us = As + GDN_C * AS, *Vn = Us + GDN_C * NC;
-    const int v = blockIdx.x, col0 = blockIdx.y * NC, kh = v / (Hv / Hk), tid = threadIdx.x;
-    const int key_dim = Hk * DK;
-    const int cg = tid % CG, rgn = tid / CG; /* o: rows rgn + RGN m, columns 4 cg .. 4 cg + 3 */
-    const int cp = tid % CP, dg = tid / CP;  /* state: rows SR dg .., columns 2 cp, 2 cp + 1 */
-    float *Sg = state + (size_t)v * DK * dv + col0 + 2 * cp;
-    float S[SR][2];
-#pragma unroll
-    for (int e = 0; e < SR; e++) {
-        const int d = SR * dg + e;
-        S[e][0] = Sg[(size_t)d * dv];
-        S[e][1] = Sg[(size_t)d * dv + 1];
-        *(float2 *)(Ss + d * NC + 2 * cp) = make_float2(S[e][0], S[e][1]);
-    }
-    for (int t0 = 0; t0 < T; t0 += GDN_C) {
-        const int L = min(GDN_C, T - t0);
-        const float glast = bg[((size_t)(t0 + L - 1) * Hv + v) * 2 + 1];
-        for (int idx = tid; idx < GDN_C * DK / 4; idx += GDN_CT) {
-            const int i = idx / (DK / 4), d = idx % (DK / 4) * 4;
-            float4 w = make_float4(0.0f, 0.0f, 0.0f, 0.0f), qv = w, kv = w;
-            if (i < L) {
-                const size_t r = (size_t)(t0 + i);
-                const float gi = bg[(r * Hv + v) * 2 + 1], eq = expf(gi), ek = expf(glast - gi);
-                w = *(const float4 *)(w_in + (r * Hv + v) * DK + d);
-                qv = *(const float4 *)(qk + r * 2 * key_dim + kh * DK + d);
-                kv = *(const float4 *)(qk + r * 2 * key_dim + key_dim + kh * DK + d);
-                qv.x *= eq, qv.y *= eq, qv.z *= eq, qv.w *= eq;
-                kv.x *= ek, kv.y *= ek, kv.z *= ek, kv.w *= ek;
-            }
-            *(float4 *)(Ws + i * RS + d) = w;
-            *(float4 *)(Qs + i * RS + d) = qv;
-            *(float4 *)(Kd + i * RS + d) = kv;
+gdn_chunk_h_kernel(uint16_t *h_out, uint16_t *vn_out, float *state, const uint16_t *w_in,
+                   const uint16_t *kd_in, const float *u_in, const float *bg, int T, int Hv, int dv,
+                   struct backend_snap snap) {
+    constexpr int WS = DK + 8, KS = GDN_C + 8, US = NC + 8, SS = DK + 8, VS = GDN_C + 8;
+    constexpr int NT = NC / 8;                                      /* n-tiles */
+    constexpr int TV = 4 * NT, TPV = TV >= 8 ? TV / 8 : 1;          /* v_new tiles, per warp */
+    constexpr int TU = DK / 16 * NT, TPU = TU >= 8 ? TU / 8 : 1;    /* state tiles, per warp */
+    constexpr int WTILE = 2 * GDN_C * WS, KTILE = 2 * DK * KS;      /* bf16 per buffer */
+    static_assert(DK % 16 == 0 && NC % 8 == 0 && NT % TPV == 0 && NT % TPU == 0, "tiling");
+    extern __shared__ float4 ch_sm[];
+    float *Us = (float *)ch_sm, *gl = Us + 2 * GDN_C * US;
+    uint16_t *Ws = (uint16_t *)(gl + 4), *Ks = Ws + 2 * WTILE;
+    uint16_t *Sth = Ks + 2 * KTILE, *Stl = Sth + NC * SS, *Vth = Stl + NC * SS, *Vtl = Vth + NC * VS;
+    const int v = blockIdx.x, col0 = blockIdx.y * NC, tid = threadIdx.x;
+    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, t4 = lane % 4;
+    const int nch = (T + GDN_C - 1) / GDN_C;
+
+    auto load = [&](int c, int b) { /* chunk c's tiles into buffer b; U rows past T zero */
+        const int t0 = c * GDN_C;
+        const uint16_t *wsrc = w_in + ((size_t)c * Hv + v) * 2 * GDN_C * DK;
+        const uint16_t *ksrc = kd_in + ((size_t)c * Hv + v) * 2 * DK * GDN_C;
+        for (int idx = tid; idx < 2 * GDN_C * DK / 8; idx += GDN_CT) {
+            const int r = idx / (DK / 8), q = idx % (DK / 8) * 8; /* r: plane * 64 + row */
+            cp_async16(smem_addr(Ws + b * WTILE + r * WS + q), wsrc + (size_t)r * DK + q, 16);
         }
-        for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += GDN_CT) {
-            const int i = idx / (GDN_C / 4), j = idx % (GDN_C / 4) * 4;
-            *(float4 *)(As + i * AS + j) = i < L ? *(const float4 *)(a_in + ((size_t)(t0 + i) * Hv + v) * GDN_C + j)
-                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int idx = tid; idx < 2 * DK * GDN_C / 8; idx += GDN_CT) {
+            const int r = idx / (GDN_C / 8), q = idx % (GDN_C / 8) * 8; /* r: plane * DK + d */
+            cp_async16(smem_addr(Ks + b * KTILE + r * KS + q), ksrc + (size_t)r * GDN_C + q, 16);
         }
         for (int idx = tid; idx < GDN_C * NC / 4; idx += GDN_CT) {
-            const int i = idx / (NC / 4), j = idx % (NC / 4) * 4;
-            *(float4 *)(Us + i * NC + j) = i < L ? *(const float4 *)(u_in + ((size_t)(t0 + i) * Hv + v) * dv + col0 + j)
-                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const int i = idx / (NC / 4), q = idx % (NC / 4) * 4;
+            const bool ok = t0 + i < T;
+            cp_async16(smem_addr(Us + (b * GDN_C + i) * US + q),
+                       u_in + ((size_t)(ok ? t0 + i : 0) * Hv + v) * dv + col0 + q, ok ? 16 : 0);
         }
-        __syncthreads();
+        if (tid == 0)
+            cp_async4(smem_addr(gl + b), bg + ((size_t)(min(t0 + GDN_C, T) - 1) * Hv + v) * 2 + 1, 4);
+    };
+    load(0, 0);
+    cp_async_commit();
 
-        /* v_new = U - W S (HF: v_new = v_i - k_cumdecay[:, :, i] @ last_recurrent_state) */
-        {
-            float acc[RT][4];
+    /* this warp's state tiles: m-tile um (rows d0, d0 + 8), n-tiles un0 .. un0 + TPU - 1 */
+    const int ut0 = wid * TPU, um = ut0 / NT, un0 = ut0 % NT, d0 = 16 * um + g;
+    const bool owns_u = ut0 < TU;
+    float S[TPU][4];
+    float *Sg = state + (size_t)v * DK * dv + col0;
+    auto put_S = [&]() { /* S -> S^T hi / lo in shared memory */
 #pragma unroll
-            for (int m = 0; m < RT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
-            for (int d = 0; d < DK; d += 4) {
-                float4 s4[4];
+        for (int n = 0; n < TPU; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s4[e] = *(const float4 *)(Ss + (d + e) * NC + 4 * cg);
-#pragma unroll
-                for (int m = 0; m < RT; m++) {
-                    const float4 w = *(const float4 *)(Ws + (rgn + RGN * m) * RS + d);
-                    const float wv[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        acc[m][0] += wv[e] * s4[e].x;
-                        acc[m][1] += wv[e] * s4[e].y;
-                        acc[m][2] += wv[e] * s4[e].z;
-                        acc[m][3] += wv[e] * s4[e].w;
-                    }
-                }
+            for (int e = 0; e < 4; e++) {
+                const int col = 8 * (un0 + n) + 2 * t4 + (e & 1), d = d0 + 8 * (e >> 1);
+                const uint16_t h = f2bf(S[n][e]);
+                Sth[col * SS + d] = h;
+                Stl[col * SS + d] = f2bf(S[n][e] - bf2f(h));
             }
+    };
+    auto store_S = [&](float *dst) { /* S -> a (Hv, DK, dv) state's columns of this block */
 #pragma unroll
-            for (int m = 0; m < RT; m++) {
-                const int i = rgn + RGN * m;
-                const float4 u = *(const float4 *)(Us + i * NC + 4 * cg);
-                *(float4 *)(Vn + i * NC + 4 * cg) =
-                    make_float4(u.x - acc[m][0], u.y - acc[m][1], u.z - acc[m][2], u.w - acc[m][3]);
-            }
+        for (int n = 0; n < TPU; n++) {
+            const int col = 8 * (un0 + n) + 2 * t4;
+            *(float2 *)(dst + (size_t)d0 * dv + col) = make_float2(S[n][0], S[n][1]);
+            *(float2 *)(dst + (size_t)(d0 + 8) * dv + col) = make_float2(S[n][2], S[n][3]);
         }
-        __syncthreads();
+    };
+    if (owns_u) {
+#pragma unroll
+        for (int n = 0; n < TPU; n++) {
+            const int col = 8 * (un0 + n) + 2 * t4;
+            const float2 a = *(const float2 *)(Sg + (size_t)d0 * dv + col);
+            const float2 b = *(const float2 *)(Sg + (size_t)(d0 + 8) * dv + col);
+            S[n][0] = a.x, S[n][1] = a.y, S[n][2] = b.x, S[n][3] = b.y;
+        }
+        put_S();
+    }
+    /* this warp's v_new tiles: m-tile vm, n-tiles vn0 .. */
+    const int vt0 = wid * TPV, vm = vt0 / NT, vn0 = vt0 % NT, i0 = 16 * vm + g;
+    const bool owns_v = vt0 < TV;
 
-        /* o = (q exp(gamma)) S + A_qk v_new (HF: attn_inter + attn @ v_new); A_qk is zero above
-         * its diagonal, so each row's sum runs to the end of its quad of columns */
-        {
-            float acc[RT][4];
+    for (int c = 0; c < nch; c++) {
+        const int b = c & 1, t0 = c * GDN_C, L = min(GDN_C, T - t0);
+        cp_async_wait_all();
+        __syncthreads(); /* chunk c's tiles and S^T in; every warp done with buffer b ^ 1 */
+        if (c + 1 < nch) load(c + 1, b ^ 1);
+        cp_async_commit();
+        const uint16_t *Wh = Ws + b * WTILE, *Wl = Wh + GDN_C * WS, *Kh = Ks + b * KTILE, *Kl = Kh + DK * KS;
+        const float *Ub = Us + b * GDN_C * US;
+        const float el = expf(gl[b]);
+        { /* the chunk's starting state for the output pass */
+            constexpr int RW = DK / 8; /* 16-byte words a row */
+            for (int idx = tid; idx < 2 * NC * RW; idx += GDN_CT) {
+                const int p = idx / (NC * RW), r = idx / RW % NC, q = idx % RW;
+                const uint16_t *src = (p ? Stl : Sth) + r * SS + 8 * q;
+                *(uint4 *)(h_out + ((((size_t)c * Hv + v) * 2 + p) * dv + col0 + r) * DK + 8 * q) = *(const uint4 *)src;
+            }
+        }
+        if (owns_v) { /* v_new = U - W S */
+            float acc[TPV][4], acs[TPV][4];
 #pragma unroll
-            for (int m = 0; m < RT; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
-            for (int d = 0; d < DK; d += 4) {
-                float4 s4[4];
+            for (int n = 0; n < TPV; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s4[e] = *(const float4 *)(Ss + (d + e) * NC + 4 * cg);
+                for (int e = 0; e < 4; e++) acc[n][e] = acs[n][e] = 0.0f;
+#pragma unroll 4
+            for (int k0 = 0; k0 < DK; k0 += 16) {
+                uint32_t ah[4], al[4], bh[TPV][2], bl[TPV][2];
+                ldsm_a(ah, Wh, WS, 16 * vm, k0);
+                ldsm_a(al, Wl, WS, 16 * vm, k0);
+                ldsm_b<TPV>(bh, Sth, SS, 8 * vn0, k0);
+                ldsm_b<TPV>(bl, Stl, SS, 8 * vn0, k0);
 #pragma unroll
-                for (int m = 0; m < RT; m++) {
-                    const float4 q = *(const float4 *)(Qs + (rgn + RGN * m) * RS + d);
-                    const float qv[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        acc[m][0] += qv[e] * s4[e].x;
-                        acc[m][1] += qv[e] * s4[e].y;
-                        acc[m][2] += qv[e] * s4[e].z;
-                        acc[m][3] += qv[e] * s4[e].w;
-                    }
+                for (int n = 0; n < TPV; n++) {
+                    mma_bf16(acs[n], al, bh[n][0], bh[n][1]);
+                    mma_bf16(acs[n], ah, bl[n][0], bl[n][1]);
+                    mma_bf16(acc[n], ah, bh[n][0], bh[n][1]);
                 }
             }
 #pragma unroll
-            for (int m = 0; m < RT; m++) {
-                const int i = rgn + RGN * m;
-                float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                for (int j = 0; j <= i; j += 4) {
-                    const float4 a = *(const float4 *)(As + i * AS + j);
-                    const float av[4] = {a.x, a.y, a.z, a.w};
+            for (int n = 0; n < TPV; n++) {
+                const int col = 8 * (vn0 + n) + 2 * t4;
+                const float2 u0 = *(const float2 *)(Ub + i0 * US + col);
+                const float2 u1 = *(const float2 *)(Ub + (i0 + 8) * US + col);
+                const float x[4] = {u0.x - (acc[n][0] + acs[n][0]), u0.y - (acc[n][1] + acs[n][1]),
+                                    u1.x - (acc[n][2] + acs[n][2]), u1.y - (acc[n][3] + acs[n][3])};
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float4 vn = *(const float4 *)(Vn + (j + e) * NC + 4 * cg);
-                        b[0] += av[e] * vn.x;
-                        b[1] += av[e] * vn.y;
-                        b[2] += av[e] * vn.z;
-                        b[3] += av[e] * vn.w;
-                    }
-                }
-                if (i < L) {
-                    uint16_t *op = o_out + ((size_t)(t0 + i) * Hv + v) * dv + col0 + 4 * cg;
-                    *(uint2 *)op = make_uint2(pack_bf(acc[m][0] + b[0], acc[m][1] + b[1]),
-                                              pack_bf(acc[m][2] + b[2], acc[m][3] + b[3]));
+                for (int e = 0; e < 4; e++) {
+                    const int o = (col + (e & 1)) * VS + i0 + 8 * (e >> 1);
+                    const uint16_t h = f2bf(x[e]);
+                    Vth[o] = h;
+                    Vtl[o] = f2bf(x[e] - bf2f(h));
                 }
             }
         }
+        __syncthreads(); /* v_new^T complete; S^T read by all */
+        {
+            constexpr int RW = GDN_C / 8;
+            for (int idx = tid; idx < 2 * NC * RW; idx += GDN_CT) {
+                const int p = idx / (NC * RW), r = idx / RW % NC, q = idx % RW;
+                const uint16_t *src = (p ? Vtl : Vth) + r * VS + 8 * q;
+                *(uint4 *)(vn_out + ((((size_t)c * Hv + v) * 2 + p) * dv + col0 + r) * GDN_C + 8 * q) = *(const uint4 *)src;
+            }
+        }
+        if (owns_u) { /* S <- exp(gamma_last) S + (k exp(gamma_last - gamma))^T v_new */
+            float Ss[TPU][4];
+#pragma unroll
+            for (int n = 0; n < TPU; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) S[n][e] *= el, Ss[n][e] = 0.0f;
+#pragma unroll
+            for (int j0 = 0; j0 < GDN_C; j0 += 16) {
+                uint32_t ah[4], al[4], bh[TPU][2], bl[TPU][2];
+                ldsm_a(ah, Kh, KS, 16 * um, j0);
+                ldsm_a(al, Kl, KS, 16 * um, j0);
+                ldsm_b<TPU>(bh, Vth, VS, 8 * un0, j0);
+                ldsm_b<TPU>(bl, Vtl, VS, 8 * un0, j0);
+#pragma unroll
+                for (int n = 0; n < TPU; n++) {
+                    mma_bf16(Ss[n], al, bh[n][0], bh[n][1]);
+                    mma_bf16(Ss[n], ah, bl[n][0], bl[n][1]);
+                    mma_bf16(S[n], ah, bh[n][0], bh[n][1]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < TPU; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) S[n][e] += Ss[n][e];
+            put_S(); /* every read of the old S^T was before the barrier above */
+            for (int i = 0; i < snap.n; i++) /* a checkpoint after this chunk (block-uniform) */
+                if (snap.t[i] == t0 + L) store_S(snap.state[i] + (size_t)v * DK * dv + col0);
+        }
+    }
+    if (owns_u) store_S(Sg);
+}
 
-        /* S <- exp(gamma_last) S + (k exp(gamma_last - gamma))^T v_new */
-        {
-            const float el = expf(glast);
-            float acc[SR][2];
+/* The output of every chunk at once: block (chunk, value head, NO columns), 8 warps,
+ *   o = (q exp(gamma)) S_chunk + A_qk v_new   (64 x NO; k = DK, then the causal 64)
+ * on tensor cores (mma_split: q and A_qk split from their fp32 tiles, S and v_new as the chunk
+ * pass stored them), o to bf16. Shared: q (64 x DK + pad, fp32), gamma, A_qk (64 x 64 + pad),
+ * S^T and v_new^T (hi / lo bf16). Bytes: per block 4 (64 (DK + 64) + NO (DK + 64)) in, 2 x 64 NO
+ * out; FLOPs (issued): 3 x 2 T Hv dv (DK + 32). */
+template <int DK, int NO>
+static __global__ void __launch_bounds__(GDN_CT, 2)
+gdn_chunk_o_kernel(uint16_t *o_out, const uint16_t *h_in, const uint16_t *vn_in, const float *a_in,
+                   const float *bg, const float *qk, int T, int Hk, int Hv, int dv) {
+    constexpr int QS = DK + 8, AS = GDN_C + 8, SS = DK + 8, VS = GDN_C + 8;
+    constexpr int NT = NO / 8, TT = 4 * NT, TPW = TT >= 8 ? TT / 8 : 1;
+    static_assert(DK % 16 == 0 && NO % 8 == 0 && NT % TPW == 0, "tiling");
+    extern __shared__ float4 co_sm[];
+    float *Qs = (float *)co_sm, *As = Qs + GDN_C * QS, *gm = As + GDN_C * AS;
+    uint16_t *Hth = (uint16_t *)(gm + GDN_C), *Htl = Hth + NO * SS, *Vth = Htl + NO * SS, *Vtl = Vth + NO * VS;
+    const int c = blockIdx.x, v = blockIdx.y, col0 = blockIdx.z * NO, kh = v / (Hv / Hk);
+    const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, t4 = lane % 4;
+    const int key_dim = Hk * DK, t0 = c * GDN_C, L = min(GDN_C, T - t0);
+    for (int idx = tid; idx < GDN_C * (DK + GDN_C) / 4; idx += GDN_CT) {
+        const int i = idx / ((DK + GDN_C) / 4), q = idx % ((DK + GDN_C) / 4) * 4;
+        const bool ok = i < L;
+        const size_t r = (size_t)t0 + (ok ? i : 0);
+        if (q < DK)
+            cp_async16(smem_addr(Qs + i * QS + q), qk + r * 2 * key_dim + kh * DK + q, ok ? 16 : 0);
+        else
+            cp_async16(smem_addr(As + i * AS + q - DK), a_in + (r * Hv + v) * GDN_C + q - DK, ok ? 16 : 0);
+    }
+    for (int idx = tid; idx < 2 * NO * (DK + GDN_C) / 8; idx += GDN_CT) {
+        const int p = idx / (NO * (DK + GDN_C) / 8), rest = idx % (NO * (DK + GDN_C) / 8);
+        const int r = rest / ((DK + GDN_C) / 8), q = rest % ((DK + GDN_C) / 8) * 8;
+        const size_t base = (((size_t)c * Hv + v) * 2 + p) * dv + col0 + r;
+        if (q < DK)
+            cp_async16(smem_addr((p ? Htl : Hth) + r * SS + q), h_in + base * DK + q, 16);
+        else
+            cp_async16(smem_addr((p ? Vtl : Vth) + r * VS + q - DK), vn_in + base * GDN_C + q - DK, 16);
+    }
+    if (tid < GDN_C) {
+        const bool ok = tid < L;
+        cp_async4(smem_addr(gm + tid), bg + ((size_t)(t0 + (ok ? tid : 0)) * Hv + v) * 2 + 1, ok ? 4 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+
+    const int tt0 = wid * TPW, mt = tt0 / NT, nt0 = tt0 % NT, i0 = 16 * mt + g;
+    if (tt0 >= TT) return;
+    const float eq0 = expf(gm[i0]), eq1 = expf(gm[i0 + 8]);
+    float acc[TPW][4];
 #pragma unroll
-            for (int e = 0; e < SR; e++) acc[e][0] = acc[e][1] = 0.0f;
-            for (int j = 0; j < L; j++) {
-                const float2 vn = *(const float2 *)(Vn + j * NC + 2 * cp);
-                const float *kd = Kd + j * RS + SR * dg;
-                if constexpr (SR % 4 == 0) {
+    for (int n = 0; n < TPW; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    const float *q0 = Qs + i0 * QS + 2 * t4, *q1 = q0 + 8 * QS;
+#pragma unroll 4
+    for (int k0 = 0; k0 < DK; k0 += 16) { /* (q exp(gamma)) S */
+        uint32_t ah[4], al[4];
+        float2 x = *(const float2 *)(q0 + k0);
+        split_bf(x.x * eq0, x.y * eq0, ah[0], al[0]);
+        x = *(const float2 *)(q1 + k0);
+        split_bf(x.x * eq1, x.y * eq1, ah[1], al[1]);
+        x = *(const float2 *)(q0 + k0 + 8);
+        split_bf(x.x * eq0, x.y * eq0, ah[2], al[2]);
+        x = *(const float2 *)(q1 + k0 + 8);
+        split_bf(x.x * eq1, x.y * eq1, ah[3], al[3]);
+        uint32_t bh[TPW][2], bl[TPW][2];
+        ldsm_b<TPW>(bh, Hth, SS, 8 * nt0, k0);
+        ldsm_b<TPW>(bl, Htl, SS, 8 * nt0, k0);
 #pragma unroll
-                    for (int e = 0; e < SR; e += 4) {
-                        const float4 k4 = *(const float4 *)(kd + e);
-                        acc[e][0] += k4.x * vn.x, acc[e][1] += k4.x * vn.y;
-                        acc[e + 1][0] += k4.y * vn.x, acc[e + 1][1] += k4.y * vn.y;
-                        acc[e + 2][0] += k4.z * vn.x, acc[e + 2][1] += k4.z * vn.y;
-                        acc[e + 3][0] += k4.w * vn.x, acc[e + 3][1] += k4.w * vn.y;
-                    }
-                } else {
+        for (int n = 0; n < TPW; n++) mma_split(acc[n], ah, al, bh[n][0], bh[n][1], bl[n][0], bl[n][1]);
+    }
+    const float *a0 = As + i0 * AS + 2 * t4, *a1 = a0 + 8 * AS;
+    for (int k0 = 0; k0 <= 16 * mt; k0 += 16) { /* + A_qk v_new (zero above the diagonal) */
+        uint32_t ah[4], al[4];
+        float2 x = *(const float2 *)(a0 + k0);
+        split_bf(x.x, x.y, ah[0], al[0]);
+        x = *(const float2 *)(a1 + k0);
+        split_bf(x.x, x.y, ah[1], al[1]);
+        x = *(const float2 *)(a0 + k0 + 8);
+        split_bf(x.x, x.y, ah[2], al[2]);
+        x = *(const float2 *)(a1 + k0 + 8);
+        split_bf(x.x, x.y, ah[3], al[3]);
+        uint32_t bh[TPW][2], bl[TPW][2];
+        ldsm_b<TPW>(bh, Vth, VS, 8 * nt0, k0);
+        ldsm_b<TPW>(bl, Vtl, VS, 8 * nt0, k0);
 #pragma unroll
-                    for (int e = 0; e < SR; e++) {
-                        acc[e][0] += kd[e] * vn.x;
-                        acc[e][1] += kd[e] * vn.y;
-                    }
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < SR; e++) {
-                S[e][0] = el * S[e][0] + acc[e][0];
-                S[e][1] = el * S[e][1] + acc[e][1];
-            }
-        }
-        __syncthreads(); /* every product read the old S and this chunk's tiles */
-#pragma unroll
-        for (int e = 0; e < SR; e++)
-            *(float2 *)(Ss + (SR * dg + e) * NC + 2 * cp) = make_float2(S[e][0], S[e][1]);
-        for (int i = 0; i < snap.n; i++) /* a checkpoint after this chunk (block-uniform) */
-            if (snap.t[i] == t0 + L) {
-                float *Sn = snap.state[i] + (size_t)v * DK * dv + col0 + 2 * cp;
-#pragma unroll
-                for (int e = 0; e < SR; e++)
-                    *(float2 *)(Sn + (size_t)(SR * dg + e) * dv) = make_float2(S[e][0], S[e][1]);
-            }
+        for (int n = 0; n < TPW; n++) mma_split(acc[n], ah, al, bh[n][0], bh[n][1], bl[n][0], bl[n][1]);
     }
 #pragma unroll
-    for (int e = 0; e < SR; e++) {
-        Sg[(size_t)(SR * dg + e) * dv] = S[e][0];
-        Sg[(size_t)(SR * dg + e) * dv + 1] = S[e][1];
+    for (int n = 0; n < TPW; n++) {
+        const int col = col0 + 8 * (nt0 + n) + 2 * t4;
+        if (i0 < L) *(uint32_t *)(o_out + ((size_t)(t0 + i0) * Hv + v) * dv + col) = pack_bf(acc[n][0], acc[n][1]);
+        if (i0 + 8 < L) *(uint32_t *)(o_out + ((size_t)(t0 + i0 + 8) * Hv + v) * dv + col) = pack_bf(acc[n][2], acc[n][3]);
     }
 }
 
@@ -744,9 +1006,9 @@ extern "C" void cuda_gdn_step_rows(struct cuda *cu, const struct config *c, uint
     cuda_gdn_norm(cu, c, out, proj, norm_w, B);
 }
 
-/* State columns per block of the chunked pass: 32 where that still gives ~an SM's worth of
- * blocks (4B / 9B: 128 blocks), else 16 (0.8B / 2B: 128 blocks instead of 64). (A block of 16
- * does half a block of 32's arithmetic per chunk but loads the same W, q, k, A_qk tiles.) */
+/* State columns per block of the chunk pass: 32 where that still gives ~an SM's worth of blocks
+ * (4B / 9B: 128 blocks), else 16 (0.8B / 2B: 128 blocks instead of 64). (A block of 16 does half
+ * a block of 32's arithmetic per chunk but loads the same W and k tiles.) */
 template <int DK>
 static int chunk_cols(const struct cuda *cu, const struct config *c) {
     const int dv = c->linear_value_head_dim, Hv = c->linear_num_value_heads;
@@ -755,18 +1017,33 @@ static int chunk_cols(const struct cuda *cu, const struct config *c) {
 }
 
 template <int DK, int NC>
-static void launch_chunk_state(struct cuda *cu, const struct config *c, float *state, int T,
-                               const struct backend_snap &snap) {
+static void launch_chunk_h(struct cuda *cu, const struct config *c, float *state, int T,
+                           const struct backend_snap &snap) {
     const int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
     CHECK(dv % NC == 0);
-    const size_t smem = ((size_t)DK * NC + 3 * GDN_C * (DK + GDN_PAD) + GDN_C * (GDN_C + GDN_PAD) +
-                         2 * GDN_C * NC) * sizeof(float);
+    const size_t smem = ((size_t)2 * GDN_C * (NC + 8) + 4) * sizeof(float) +
+                        ((size_t)2 * (2 * GDN_C * (DK + 8) + 2 * DK * (GDN_C + 8)) +
+                         2 * NC * ((DK + 8) + (GDN_C + 8))) * sizeof(uint16_t);
     static int opted;
-    if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_state_kernel<DK, NC>), smem);
+    if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_h_kernel<DK, NC>), smem);
     opted = 1;
-    gdn_chunk_state_kernel<DK, NC><<<dim3(Hv, dv / NC), GDN_CT, smem, cu->stream>>>(
-        cu->gdn_o, state, cu->gdn_w, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, T,
-        c->linear_num_key_heads, Hv, dv, snap);
+    gdn_chunk_h_kernel<DK, NC><<<dim3(Hv, dv / NC), GDN_CT, smem, cu->stream>>>(
+        cu->gdn_h, cu->gdn_vn, state, cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_bg, T, Hv, dv, snap);
+    GPU_LAUNCHED();
+}
+
+template <int DK, int NO>
+static void launch_chunk_o(struct cuda *cu, const struct config *c, int T) {
+    const int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
+    CHECK(dv % NO == 0);
+    const size_t smem = (size_t)GDN_C * ((DK + 8) + (GDN_C + 8) + 1) * sizeof(float) +
+                        (size_t)2 * NO * ((DK + 8) + (GDN_C + 8)) * sizeof(uint16_t);
+    static int opted;
+    if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_o_kernel<DK, NO>), smem);
+    opted = 1;
+    gdn_chunk_o_kernel<DK, NO><<<dim3((T + GDN_C - 1) / GDN_C, Hv, dv / NO), GDN_CT, smem, cu->stream>>>(
+        cu->gdn_o, cu->gdn_h, cu->gdn_vn, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, T,
+        c->linear_num_key_heads, Hv, dv);
     GPU_LAUNCHED();
 }
 
@@ -781,14 +1058,19 @@ static void launch_chunked(struct cuda *cu, const struct config *c, float *state
     if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_prep_kernel<DK, DK>), smem);
     opted = 1;
     gdn_chunk_prep_kernel<DK, DK><<<dim3((T + GDN_C - 1) / GDN_C, Hv), GDN_CT, smem, cu->stream>>>(
-        cu->gdn_w, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, cu->gdn_y, T,
+        cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, cu->gdn_y, T,
         c->linear_num_key_heads, Hv, c->conv_dim);
     GPU_LAUNCHED();
     cuda_prof_split(cu, "gdn chunk state pass (prefill)");
     if (chunk_cols<DK>(cu, c) == 32)
-        launch_chunk_state<DK, 32>(cu, c, state, T, snap);
+        launch_chunk_h<DK, 32>(cu, c, state, T, snap);
     else
-        launch_chunk_state<DK, 16>(cu, c, state, T, snap);
+        launch_chunk_h<DK, 16>(cu, c, state, T, snap);
+    cuda_prof_split(cu, "gdn chunk output (prefill)");
+    if (c->linear_value_head_dim % 64 == 0)
+        launch_chunk_o<DK, 64>(cu, c, T);
+    else
+        launch_chunk_o<DK, 32>(cu, c, T);
 }
 
 extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out,
@@ -805,9 +1087,9 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
     CHECK(snap.n >= 0 && snap.n <= BACKEND_MAX_SNAPS);
     for (int i = 0; i < snap.n; i++)
         CHECK(snap.t[i] > (i ? snap.t[i - 1] : 0) && snap.t[i] <= T && (snap.t[i] % GDN_C == 0 || snap.t[i] == T));
-    gdn_conv_kernel<<<dim3(conv_dim / dk + 1, T), dk, 0, cu->stream>>>(
-        cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj, conv_state, conv_w, A_log, dt_bias, pos, Hk, Hv,
-        dk, conv_dim, c->value_dim);
+    gdn_conv_kernel<<<dim3(conv_dim / dk + 1, (T + GDN_CONV_TT - 1) / GDN_CONV_TT), dk, 0, cu->stream>>>(
+        cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj, conv_state, conv_w, A_log, dt_bias, pos, T, Hk,
+        Hv, dk, conv_dim, c->value_dim);
     GPU_LAUNCHED();
     if (snap.n) {
         gdn_conv_snap_kernel<<<dim3((conv_dim + 255) / 256, snap.n), 256, 0, cu->stream>>>(
@@ -825,7 +1107,7 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
     case 128: launch_chunked<128>(cu, c, state, T, snap); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
-    cu->n_launches += 4;
+    cu->n_launches += 5;
     cuda_prof_split(cu, "gdn norm (prefill)");
     cuda_gdn_norm(cu, c, out, proj, norm_w, T);
 }

@@ -148,8 +148,10 @@ struct cuda {
     float *gdn_qk;     /* (max_T, 2, Hk, dk) L2-normalised q (scaled) and k */
     float *gdn_bg;     /* (max_T, Hv, 2) beta, g */
     uint16_t *gdn_o;   /* (max_T, Hv, dv) delta-rule outputs */
-    float *gdn_w, *gdn_u; /* (max_T, Hv, dk), (max_T, Hv, dv) the chunked prefill's W and U */
+    uint16_t *gdn_w, *gdn_kd; /* per 64-token chunk: the chunked prefill's W and decayed k^T, bf16 hi / lo */
+    float *gdn_u;          /* (max_T, Hv, dv) its U */
     float *gdn_a;      /* (max_T, Hv, 64) its in-chunk q k^T with decay (gdn.cu GDN_C) */
+    uint16_t *gdn_h, *gdn_vn; /* per 64-token chunk: its starting state and v_new, bf16 hi / lo (gdn.cu) */
     float *gdn_sz;     /* (Hv, dv) decode: silu(z), from the step or (early) the in_proj */
     int *early_cnt;    /* (2 CUDA_EARLY_SLOTS,) decode: per mixer layer, the count of the early
                           GEMV's blocks with their early pairs written and the mixer's of its
