@@ -313,10 +313,12 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
         return;
     }
     const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, nw = blockDim.x / WARP_SIZE;
+    { /* the TT sums of squares over the warp at once: lane l ends with token l / (WARP_SIZE / TT)'s */
+        float sq[TT];
 #pragma unroll
-    for (int i = 0; i < TT; i++) {
-        const float ss = warp_sum(y[i] * y[i]);
-        if (lane == 0) red[i][wid] = ss;
+        for (int i = 0; i < TT; i++) sq[i] = y[i] * y[i];
+        const float ss = warp_sum_scatter<TT>(sq);
+        if (lane % (WARP_SIZE / TT) == 0) red[lane / (WARP_SIZE / TT)][wid] = ss;
     }
     __syncthreads();
     const float scale = hb < Hk ? 1.0f / sqrtf((float)dk) : 1.0f;
@@ -909,19 +911,33 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
     const int item = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     if (item >= T * Hv) return;
     const int t = item / Hv, v = item % Hv;
-    const uint16_t *o = o_in + (size_t)item * dv;
+    const uint16_t *o = o_in + (size_t)item * dv, *zp = proj + (size_t)t * row + conv_dim + (size_t)v * dv;
+    uint16_t *op = out + (size_t)t * Hv * dv + (size_t)v * dv;
+    constexpr int NJ = 2; /* 4-element words a lane (dv <= 256, dv % 4 == 0: cuda_gdn_norm) */
+    uint2 ow[NJ], zw[NJ];
     float ss = 0.0f;
-    for (int j = lane; j < dv; j += WARP_SIZE) {
-        float x = bf2f(o[j]);
-        ss += x * x;
+#pragma unroll
+    for (int m = 0; m < NJ; m++) {
+        const int j = 4 * (lane + WARP_SIZE * m);
+        if (j < dv) {
+            ow[m] = *(const uint2 *)(o + j), zw[m] = *(const uint2 *)(zp + j);
+            const float x[4] = {lo_bf(ow[m].x), hi_bf(ow[m].x), lo_bf(ow[m].y), hi_bf(ow[m].y)};
+            ss += x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3];
+        }
     }
     ss = warp_sum(ss);
     const float rr = 1.0f / sqrtf(ss / (float)dv + eps);
-    for (int j = lane; j < dv; j += WARP_SIZE) {
-        float n = bfr(bf2f(o[j]) * rr);
-        float w = bfr(norm_w[j] * n);
-        float z = bf2f(proj[(size_t)t * row + conv_dim + (size_t)v * dv + j]);
-        out[(size_t)t * Hv * dv + (size_t)v * dv + j] = f2bf(w * silu_f(z));
+#pragma unroll
+    for (int m = 0; m < NJ; m++) {
+        const int j = 4 * (lane + WARP_SIZE * m);
+        if (j < dv) {
+            const float x[4] = {lo_bf(ow[m].x), hi_bf(ow[m].x), lo_bf(ow[m].y), hi_bf(ow[m].y)};
+            const float z[4] = {lo_bf(zw[m].x), hi_bf(zw[m].x), lo_bf(zw[m].y), hi_bf(zw[m].y)};
+            float r[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) r[e] = bfr(norm_w[j + e] * bfr(x[e] * rr)) * silu_f(z[e]);
+            *(uint2 *)(op + j) = make_uint2(pack_bf(r[0], r[1]), pack_bf(r[2], r[3]));
+        }
     }
 }
 
@@ -1116,6 +1132,7 @@ extern "C" void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t 
                               const uint16_t *proj, const float *norm_w, int T) {
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim, conv_dim = c->conv_dim;
     size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
+    CHECK(dv % 4 == 0 && dv <= 256 && row % 4 == 0); /* the kernel's 8-byte words */
     int items = T * Hv;
     gdn_norm_kernel<<<(items + 7) / 8, 256, 0, cu->stream>>>(out, cu->gdn_o, proj, norm_w, T, Hv, dv,
                                                              conv_dim, row, c->rms_norm_eps);
