@@ -738,10 +738,11 @@ attn_prefill_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const
 }
 
 /* ---- prefill on tensor cores: causal flash attention ---------------------------------------
- * Block (query tile, KV head): FA_BM = 64 query rows, each a (token, query head of the group)
- * pair, row r = token t0 + r / G, head kvh G + r % G (FA_BM / G tokens per tile, any G <= 64;
+ * Block (query tile, KV head): FA_BM = 128 query rows, each a (token, query head of the group)
+ * pair, row r = token t0 + r / G, head kvh G + r % G (FA_BM / G tokens per tile, any G <= 128;
  * rows past the tile's tokens compute a clamped token's values and are not stored), so the G
- * query heads of a KV head share every K/V tile. 4 warps x 16 rows. Keys in tiles of FA_BN = 64
+ * query heads of a KV head share every K/V tile. 8 warps x 16 rows, one block an SM (hd 256:
+ * 255 registers a thread). Keys in tiles of FA_BN = 64
  * from 0 to *pos + the tile's last token (a prompt that continues a cached prefix attends to the
  * cached keys; the causal mask only in the tiles that reach past the tile's first token).
  * S = Q K^T and O += P V with mma.sync m16n8k16 (bf16 operands, fp32 accumulation), fragments
@@ -759,9 +760,10 @@ attn_prefill_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const
  * Portable to any mma.sync GPU (sm_80 +); no wgmma / TMA.
  * Bytes: Q and out 4 T nH hd, K / V 4 hd (pos + T) per query tile from L2 (~4 nKV hd T (pos +
  * T / 2) / (FA_BM / G) in all); FLOPs: 4 nH hd T (pos + T / 2) (causal, both products). */
-#define FA_BM 64
+#define FA_BM 128 /* run 183: against 64 (two blocks of 4 warps an SM) 16k 372.2 -> 366.8 ms, 32k
+                   * 896.8 -> 875.4, 512 and 4k the same */
 #define FA_BN 64
-#define FA_WARPS 4
+#define FA_WARPS 8
 #ifndef FA_PSPLIT
 #define FA_PSPLIT 1 /* P V as (bf16(P) + bf16(P - bf16(P))) V: ~fp32 weights (see above) */
 #endif
@@ -775,7 +777,7 @@ static __device__ __forceinline__ int fa_swz(int r, int c) {
 template <int HD>
 static __device__ __forceinline__ void fa_load_tile(uint16_t *dst, const uint16_t *src, int r0, int n) {
     constexpr int CPR = HD / 8;
-    for (int idx = threadIdx.x; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
+    for (int idx = threadIdx.x; idx < FA_BN * CPR; idx += blockDim.x) {
         const int r = idx / CPR, c = idx % CPR;
         const bool ok = r0 + r < n;
         cp_async16(smem_addr(dst + fa_swz<HD>(r, c)), ok ? src + (size_t)(r0 + r) * HD + c * 8 : src,
@@ -784,7 +786,7 @@ static __device__ __forceinline__ void fa_load_tile(uint16_t *dst, const uint16_
 }
 
 template <int HD>
-static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 2)
+static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
 attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                   const uint16_t *v_cache, const int32_t *pos, int T, int G, int nKV, int max_ctx,
                   float scale_log2) {
