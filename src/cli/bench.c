@@ -341,6 +341,17 @@ int cmd_bench(int argc, char **argv) {
             }
             printf("  with a checkpoint inside: %.2f ms; a restore: %.3f ms; a fork at %d + restore: %.3f ms\n",
                    median(vs, reps), median(vr, reps), P, median(vf, reps));
+#ifdef STRATA_CUDA
+            if (is_cuda(m) && (P == 0 || time_prefill(m, P, 1, &err) >= 0)) {
+                /* where the time goes (ops one by one with events) */
+                if (P == 0) model_reset(m);
+                printf("\nper-op time of the %d tokens at %d:\n\n", N, P);
+                backend_cuda_profile(be, 1);
+                time_prefill(m, N, 0, &err);
+                backend_cuda_profile_report(be, stdout, 1);
+                backend_cuda_profile(be, 0);
+            }
+#endif
             free(ids);
             model_ckpt_free(m, ck);
             model_ckpt_free(m, ck2);
