@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# kernels.sh - CUDA kernel work in one short device call, with the binaries built here (nothing
+# is built on the GPU machine, which saves its build's minutes of device time): test_cuda by size,
+# `strata bench` by size, A/B of environment switches through `strata bench --pp-at`, Nsight
+# Compute on the kernels of a 4,096-token 4B prefill, the transformers comparison over 2,048
+# tokens. The twenty-second session's runs 179-183 were made this way (bench/RESULTS.md).
+#
+#   bash bench/kernels.sh stage                       # here: .carry/kernels (~16 MiB, git-ignored)
+#   run(carry=[".carry/kernels"]): TESTS="4B demo" BENCH="4b 9b" bash bench/kernels.sh run
+#
+# Env of run (every step optional; each writes its files under $OUT and prints a digest):
+#   TESTS       test_cuda sizes, in order (4B demo 0.8B 9B 27B); default "4B demo 0.8B 27B", "-": none
+#   TEST_ENV    VAR=VALUE words test_cuda runs under (an experiment's switch)
+#   BENCH       random checkpoints to `strata bench` (0.8b 2b 4b 9b); default 4b, "-": none
+#   BENCH_ARGS  default "--reps 3" (the full bench: pp512, 4k / 16k / 32k prefill, per-op tables)
+#   BENCH_GREP  an egrep of the bench lines printed (default: the summary and prefill lines)
+#   AB          variants compared by `strata bench --pp-at $PPAT` on 4b, in order, ABR rounds:
+#               VAR=VALUE[:VAR2=VALUE2] words, "-" for none; PPAT default 0:4096,0:16384
+#   NCU         a kernel-name regex profiled by ncu (NCU_COUNT launches, default 4)
+#   COMPARE     sizes for compare_transformers.py compare --long 2048 (0.8b 4b)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DIR=.carry/kernels
+export DEBS=$DIR/debs
+case "${1:-}" in
+stage)
+    NVCC_PATH=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    make -j"$(nproc)" BUILD=build-http-gpu NVCC="$NVCC_PATH" build-http-gpu/strata \
+        build-http-gpu/tests/test_cuda || exit 1
+    cc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Isrc -o build-http-gpu/strata_logits tools/strata_logits.c \
+        build-http-gpu/libstrata.a -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lm -lpthread \
+        -L"$(dirname "$NVCC_PATH")/../lib64" -lcublasLt -lcudart_static -ldl -lrt -lstdc++ || exit 1
+    mkdir -p "$DIR"
+    rm -f "$DIR"/*.xz "$DIR"/strata "$DIR"/test_cuda "$DIR"/strata_logits # (what a run here unpacked)
+    for b in build-http-gpu/strata build-http-gpu/tests/test_cuda build-http-gpu/strata_logits; do
+        strip -o "$DIR/$(basename "$b")" "$b" && xz -T0 -9 -f "$DIR/$(basename "$b")" || exit 1
+    done
+    [ -n "$(ls "$DEBS"/*.deb 2>/dev/null)" ] || bash bench/server-debs.sh download || exit 1
+    du -sh "$DIR"
+    exit 0
+    ;;
+run) ;;
+*)
+    echo "usage: bash bench/kernels.sh stage | run   (see the top of the file)" >&2
+    exit 2
+    ;;
+esac
+
+OUT=${OUT:-/tmp/strata-gpu-out}
+mkdir -p "$OUT"
+for f in "$DIR"/*.xz; do xz -dkf "$f" && chmod +x "${f%.xz}"; done
+source bench/server-debs.sh unpack /tmp/kernels-root
+BIN=$DIR
+M=/dev/shm/strata-models
+TESTS=${TESTS:-4B demo 0.8B 27B}
+BENCH=${BENCH:-4b}
+[ "$TESTS" = - ] && TESTS=
+[ "$BENCH" = - ] && BENCH=
+need=$BENCH
+[ -n "${AB:-}" ] && need="$need 4b"
+[ -n "${NCU:-}" ] && need="$need 4b"
+# the checkpoints, made while test_cuda runs
+(for s in $(echo $need | tr ' ' '\n' | sort -u); do
+    [ -f $M/$s/config.json ] || python3 tools/compare_transformers.py random --size "$s" --out "$M/$s" 2>&1 | tail -1
+done) >"$OUT/models.txt" 2>&1 &
+mk=$!
+for s in $TESTS; do
+    t0=$(date +%s)
+    env ${TEST_ENV:-} timeout 300 "$BIN/test_cuda" "$s" >"$OUT/test_cuda-$s.txt" 2>&1
+    echo "== test_cuda $s: rc $?, $(($(date +%s) - t0)) s: $(tail -1 "$OUT/test_cuda-$s.txt")"
+    grep FAIL "$OUT/test_cuda-$s.txt" | head -20
+done
+wait $mk
+cat "$OUT/models.txt"
+for s in $BENCH; do
+    timeout 400 "$BIN/strata" bench --model "$M/$s" ${BENCH_ARGS:---reps 3} >"$OUT/bench-$s.txt" 2>&1
+    echo "== bench $s: rc $?"
+    grep -E "${BENCH_GREP:-^\| (pp512|tg128|engine TTFT|prefill [0-9]+ )|gdn|gemm|flash|total}" "$OUT/bench-$s.txt"
+done
+if [ -n "${AB:-}" ]; then
+    for r in $(seq "${ABR:-1}"); do
+        for v in $AB; do
+            e=${v//:/ }
+            [ "$v" = - ] && e=
+            echo "== $v (round $r)"
+            env $e "$BIN/strata" bench --model "$M/4b" --reps 3 --pp-at "${PPAT:-0:4096,0:16384}" 2>&1 |
+                tee -a "$OUT/ab.txt" | grep "^prefill"
+        done
+    done
+fi
+if [ -n "${NCU:-}" ]; then
+    NCUB=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    ids=$(python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(1000, 200000)) for _ in range(4096)))")
+    timeout 300 "$NCUB" -k "regex:$NCU" -c "${NCU_COUNT:-4}" --section SpeedOfLight --section WarpStateStats \
+        --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        "$BIN/strata" run --model "$M/4b" --prompt-ids "$ids" -n 1 --ctx 8192 --backend cuda >"$OUT/ncu.txt" 2>&1
+    echo "== ncu: rc $?"
+    grep -E "^  [a-z_ ]+<?.*\(|Duration|Throughput|Warp Cycles|Achieved Occupancy|Issued Ipc|Registers Per|L2 Hit" "$OUT/ncu.txt" | head -120
+fi
+for s in ${COMPARE:-}; do
+    t0=$(date +%s)
+    PYTHONUNBUFFERED=1 timeout 400 python3 tools/compare_transformers.py compare --size "$s" --work "$M" \
+        --strata-logits "$BIN/strata_logits" --long 2048 --json "$OUT/compare-$s.json" >"$OUT/compare-$s.txt" 2>&1
+    echo "== compare $s: rc $?, $(($(date +%s) - t0)) s"
+    grep -v "train step" "$OUT/compare-$s.txt" | grep -E "\[(un)?trained|greedy|prefill|batched|rror"
+done
