@@ -391,6 +391,20 @@ static __device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (
     mma_bf16(d, ah, bh0, bh1);
 }
 
+/* An A fragment (16 x 16 at k0) split from fp32 rows in shared memory: r0 points at row g, column
+ * k0 + 2 t of the tile, r1 at row g + 8; the rows scaled by s0, s1 first. */
+static __device__ __forceinline__ void split_a(uint32_t (&ah)[4], uint32_t (&al)[4], const float *r0,
+                                               const float *r1, float s0 = 1.0f, float s1 = 1.0f) {
+    float2 x = *(const float2 *)r0;
+    split_bf(x.x * s0, x.y * s0, ah[0], al[0]);
+    x = *(const float2 *)r1;
+    split_bf(x.x * s1, x.y * s1, ah[1], al[1]);
+    x = *(const float2 *)(r0 + 8);
+    split_bf(x.x * s0, x.y * s0, ah[2], al[2]);
+    x = *(const float2 *)(r1 + 8);
+    split_bf(x.x * s1, x.y * s1, ah[3], al[3]);
+}
+
 #define GDN_C 64        /* tokens per chunk */
 #define GDN_CT 256      /* threads of the chunk kernels: 8 warps */
 #define GDN_PAD 8       /* floats of padding per shared row of the prep (16-byte rows; the
@@ -454,14 +468,8 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
         for (int d = 0; d < DK; d += 16) {
             uint32_t kh[4], kl[4], qh[4], ql[4];
             float2 x;
-            x = *(const float2 *)(k0 + d), split_bf(x.x, x.y, kh[0], kl[0]);
-            x = *(const float2 *)(k1 + d), split_bf(x.x, x.y, kh[1], kl[1]);
-            x = *(const float2 *)(k0 + d + 8), split_bf(x.x, x.y, kh[2], kl[2]);
-            x = *(const float2 *)(k1 + d + 8), split_bf(x.x, x.y, kh[3], kl[3]);
-            x = *(const float2 *)(q0 + d), split_bf(x.x, x.y, qh[0], ql[0]);
-            x = *(const float2 *)(q1 + d), split_bf(x.x, x.y, qh[1], ql[1]);
-            x = *(const float2 *)(q0 + d + 8), split_bf(x.x, x.y, qh[2], ql[2]);
-            x = *(const float2 *)(q1 + d + 8), split_bf(x.x, x.y, qh[3], ql[3]);
+            split_a(kh, kl, k0 + d, k1 + d);
+            split_a(qh, ql, q0 + d, q1 + d);
 #pragma unroll
             for (int n = 0; n < 4; n++) {
                 if (8 * (nb + n) > 16 * mt + 15) continue;
@@ -542,14 +550,7 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
             const float *a0 = As + (16 * b + g) * AS + 2 * t4, *a1 = a0 + 8 * AS;
             for (int k0 = 0; k0 < 16 * b; k0 += 16) {
                 uint32_t ah[4], al[4];
-                float2 x = *(const float2 *)(a0 + k0);
-                split_bf(x.x, x.y, ah[0], al[0]);
-                x = *(const float2 *)(a1 + k0);
-                split_bf(x.x, x.y, ah[1], al[1]);
-                x = *(const float2 *)(a0 + k0 + 8);
-                split_bf(x.x, x.y, ah[2], al[2]);
-                x = *(const float2 *)(a1 + k0 + 8);
-                split_bf(x.x, x.y, ah[3], al[3]);
+                split_a(ah, al, a0 + k0, a1 + k0);
 #pragma unroll
                 for (int n = 0; n < NTW; n++) {
                     const float *xc = X + (k0 + 2 * t4) * XS + 8 * (NTW * wid + n) + g;
@@ -615,6 +616,27 @@ static __device__ __forceinline__ void ldsm_b(uint32_t (&b)[CNT][2], const uint1
         uint32_t r[2];
         ldmatrix_x2(r, smem_addr(base + (n0 + 16 * (CNT / 2) + mr) * stride + k0 + (mat & 1) * 8));
         b[CNT - 1][0] = r[0], b[CNT - 1][1] = r[1];
+    }
+}
+
+/* One k-step of 16 of acc += A B with both operands as bf16 hi / lo planes in shared memory: the
+ * hi-hi products into acc, the two cross terms into acs. A: rows m0 .. m0 + 15 of a [m][k] pair
+ * (stride as); B: CNT n-tiles from n0 of a [n][k] pair (stride bs). */
+template <int CNT>
+static __device__ __forceinline__ void mma_split_step(float (&acc)[CNT][4], float (&acs)[CNT][4],
+                                                      const uint16_t *Ah, const uint16_t *Al, int as, int m0,
+                                                      const uint16_t *Bh, const uint16_t *Bl, int bs, int n0,
+                                                      int k0) {
+    uint32_t ah[4], al[4], bh[CNT][2], bl[CNT][2];
+    ldsm_a(ah, Ah, as, m0, k0);
+    ldsm_a(al, Al, as, m0, k0);
+    ldsm_b<CNT>(bh, Bh, bs, n0, k0);
+    ldsm_b<CNT>(bl, Bl, bs, n0, k0);
+#pragma unroll
+    for (int n = 0; n < CNT; n++) {
+        mma_bf16(acs[n], al, bh[n][0], bh[n][1]);
+        mma_bf16(acs[n], ah, bl[n][0], bl[n][1]);
+        mma_bf16(acc[n], ah, bh[n][0], bh[n][1]);
     }
 }
 
@@ -738,19 +760,8 @@ gdn_chunk_h_kernel(uint16_t *h_out, uint16_t *vn_out, float *state, const uint16
 #pragma unroll
                 for (int e = 0; e < 4; e++) acc[n][e] = acs[n][e] = 0.0f;
 #pragma unroll 4
-            for (int k0 = 0; k0 < DK; k0 += 16) {
-                uint32_t ah[4], al[4], bh[TPV][2], bl[TPV][2];
-                ldsm_a(ah, Wh, WS, 16 * vm, k0);
-                ldsm_a(al, Wl, WS, 16 * vm, k0);
-                ldsm_b<TPV>(bh, Sth, SS, 8 * vn0, k0);
-                ldsm_b<TPV>(bl, Stl, SS, 8 * vn0, k0);
-#pragma unroll
-                for (int n = 0; n < TPV; n++) {
-                    mma_bf16(acs[n], al, bh[n][0], bh[n][1]);
-                    mma_bf16(acs[n], ah, bl[n][0], bl[n][1]);
-                    mma_bf16(acc[n], ah, bh[n][0], bh[n][1]);
-                }
-            }
+            for (int k0 = 0; k0 < DK; k0 += 16)
+                mma_split_step<TPV>(acc, acs, Wh, Wl, WS, 16 * vm, Sth, Stl, SS, 8 * vn0, k0);
 #pragma unroll
             for (int n = 0; n < TPV; n++) {
                 const int col = 8 * (vn0 + n) + 2 * t4;
@@ -783,19 +794,8 @@ gdn_chunk_h_kernel(uint16_t *h_out, uint16_t *vn_out, float *state, const uint16
 #pragma unroll
                 for (int e = 0; e < 4; e++) S[n][e] *= el, Ss[n][e] = 0.0f;
 #pragma unroll
-            for (int j0 = 0; j0 < GDN_C; j0 += 16) {
-                uint32_t ah[4], al[4], bh[TPU][2], bl[TPU][2];
-                ldsm_a(ah, Kh, KS, 16 * um, j0);
-                ldsm_a(al, Kl, KS, 16 * um, j0);
-                ldsm_b<TPU>(bh, Vth, VS, 8 * un0, j0);
-                ldsm_b<TPU>(bl, Vtl, VS, 8 * un0, j0);
-#pragma unroll
-                for (int n = 0; n < TPU; n++) {
-                    mma_bf16(Ss[n], al, bh[n][0], bh[n][1]);
-                    mma_bf16(Ss[n], ah, bl[n][0], bl[n][1]);
-                    mma_bf16(S[n], ah, bh[n][0], bh[n][1]);
-                }
-            }
+            for (int j0 = 0; j0 < GDN_C; j0 += 16)
+                mma_split_step<TPU>(S, Ss, Kh, Kl, KS, 16 * um, Vth, Vtl, VS, 8 * un0, j0);
 #pragma unroll
             for (int n = 0; n < TPU; n++)
 #pragma unroll
@@ -863,14 +863,7 @@ gdn_chunk_o_kernel(uint16_t *o_out, const uint16_t *h_in, const uint16_t *vn_in,
 #pragma unroll 4
     for (int k0 = 0; k0 < DK; k0 += 16) { /* (q exp(gamma)) S */
         uint32_t ah[4], al[4];
-        float2 x = *(const float2 *)(q0 + k0);
-        split_bf(x.x * eq0, x.y * eq0, ah[0], al[0]);
-        x = *(const float2 *)(q1 + k0);
-        split_bf(x.x * eq1, x.y * eq1, ah[1], al[1]);
-        x = *(const float2 *)(q0 + k0 + 8);
-        split_bf(x.x * eq0, x.y * eq0, ah[2], al[2]);
-        x = *(const float2 *)(q1 + k0 + 8);
-        split_bf(x.x * eq1, x.y * eq1, ah[3], al[3]);
+        split_a(ah, al, q0 + k0, q1 + k0, eq0, eq1);
         uint32_t bh[TPW][2], bl[TPW][2];
         ldsm_b<TPW>(bh, Hth, SS, 8 * nt0, k0);
         ldsm_b<TPW>(bl, Htl, SS, 8 * nt0, k0);
@@ -880,14 +873,7 @@ gdn_chunk_o_kernel(uint16_t *o_out, const uint16_t *h_in, const uint16_t *vn_in,
     const float *a0 = As + i0 * AS + 2 * t4, *a1 = a0 + 8 * AS;
     for (int k0 = 0; k0 <= 16 * mt; k0 += 16) { /* + A_qk v_new (zero above the diagonal) */
         uint32_t ah[4], al[4];
-        float2 x = *(const float2 *)(a0 + k0);
-        split_bf(x.x, x.y, ah[0], al[0]);
-        x = *(const float2 *)(a1 + k0);
-        split_bf(x.x, x.y, ah[1], al[1]);
-        x = *(const float2 *)(a0 + k0 + 8);
-        split_bf(x.x, x.y, ah[2], al[2]);
-        x = *(const float2 *)(a1 + k0 + 8);
-        split_bf(x.x, x.y, ah[3], al[3]);
+        split_a(ah, al, a0 + k0, a1 + k0);
         uint32_t bh[TPW][2], bl[TPW][2];
         ldsm_b<TPW>(bh, Vth, VS, 8 * nt0, k0);
         ldsm_b<TPW>(bl, Vtl, VS, 8 * nt0, k0);
