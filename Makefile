@@ -16,7 +16,7 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(OPT) -g -fopenmp -Isrc
 LIBS    := -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lm -lpthread
 LDLIBS  += $(LIBS)
 LDFLAGS += -fopenmp
-NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Wextra -Isrc --expt-relaxed-constexpr
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DSTRATA_SM90A -Xcompiler -Wall,-Wextra -Isrc --expt-relaxed-constexpr
 NVFLAGS += $(NVEXTRA)
 
 SRC      := $(wildcard src/*.c src/*/*.c src/model/cpu/*.c)

@@ -934,6 +934,20 @@ static void check_prefill(const char *size, int wide) {
         check_attention(&p, &c, tag, max_ctx, 3000, 1000, 0);
         check_attention_k(&p, &c, tag, max_ctx, 700, 300, 0, 7.0f, 0); /* scores spread widely */
     }
+    { /* the portable (mma.sync) flash kernel, which builds for sm_90a on compute capability 9.0
+       * do not run otherwise */
+        struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
+        CHECK(q.gpu);
+        struct cuda_test_knobs k = CUDA_TEST_KNOBS_DEFAULT;
+        k.flash_portable = 1;
+        backend_cuda_test_knobs(q.gpu, &k);
+        char t[64];
+        snprintf(t, sizeof t, "%s mma.sync", tag);
+        check_attention(&q, &c, t, max_ctx, 0, 65, 0);
+        check_attention(&q, &c, t, max_ctx, 3000, 129, 0);
+        if (!wide) check_attention(&q, &c, t, max_ctx, 0, 1000, 0);
+        q.gpu->ops->destroy(q.gpu);
+    }
     for (int T = 2; T <= 7; T++) check_gdn(&p, &c, tag, T, 1, 0, T == 7 ? 300 : 0, 0);
     check_gdn(&p, &c, tag, 64, 2, 0, 0, 0);
     check_gdn(&p, &c, tag, 65, 2, 0, 130, 0);

@@ -785,6 +785,99 @@ static __device__ __forceinline__ void fa_load_tile(uint16_t *dst, const uint16_
     }
 }
 
+/* The warp's S tile (16 rows x FA_BN keys, mma / wgmma accumulator layout) from scores to
+ * weights: scaled to base 2, keys past each row's last masked (only in tiles that reach past
+ * the tile's first token), the running max m and sum l of the thread's two rows updated, corr the
+ * factor each row's o is rescaled by. */
+static __device__ __forceinline__ void fa_softmax(float (&s)[FA_BN / 8][4], float (&m)[2], float (&l)[2],
+                                                  float (&corr)[2], const int (&lim)[2], int j0,
+                                                  bool need_mask, float scale_log2, int t4) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < FA_BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float x = s[n][2 * hr + e] * scale_log2;
+                if (need_mask && j0 + 8 * n + 2 * t4 + e > lim[hr]) x = -INFINITY;
+                s[n][2 * hr + e] = x;
+                mx = fmaxf(mx, x);
+            }
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        const float mn = fmaxf(m[hr], mx);
+        const float base = mn == -INFINITY ? 0.0f : mn;
+        corr[hr] = exp2f(m[hr] - base);
+        float ps = 0.0f;
+#pragma unroll
+        for (int n = 0; n < FA_BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float pr = exp2f(s[n][2 * hr + e] - base);
+                s[n][2 * hr + e] = pr;
+                ps += pr;
+            }
+        l[hr] = l[hr] * corr[hr] + ps;
+        m[hr] = mn;
+    }
+}
+template <int HD>
+static __device__ __forceinline__ void fa_rescale(float (&o)[HD / 8][4], const float (&corr)[2]) {
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+    }
+}
+/* keys 16 kk .. 16 kk + 15 of the weights as the A fragments of P V: bf16(P) and, with
+ * FA_PSPLIT, what it leaves out, bf16(P - bf16(P)) */
+static __device__ __forceinline__ void fa_pack_p(const float (&s)[FA_BN / 8][4], int kk, uint32_t (&a)[4],
+                                                 uint32_t (&lo)[4]) {
+    const float *e0 = s[2 * kk], *e1 = s[2 * kk + 1];
+    a[0] = pack_bf(e0[0], e0[1]);
+    a[1] = pack_bf(e0[2], e0[3]);
+    a[2] = pack_bf(e1[0], e1[1]);
+    a[3] = pack_bf(e1[2], e1[3]);
+    if (FA_PSPLIT) {
+        lo[0] = pack_bf(e0[0] - lo_bf(a[0]), e0[1] - hi_bf(a[0]));
+        lo[1] = pack_bf(e0[2] - lo_bf(a[1]), e0[3] - hi_bf(a[1]));
+        lo[2] = pack_bf(e1[0] - lo_bf(a[2]), e1[1] - hi_bf(a[2]));
+        lo[3] = pack_bf(e1[2] - lo_bf(a[3]), e1[3] - hi_bf(a[3]));
+    }
+}
+/* the thread's two rows (r0 = its warp's first + g, and r0 + 8): sums over the 4 lanes of each
+ * row, then out = bf16(bf16(o / l) * bf16(sigmoid(gate))) for rows inside the tile's tokens */
+template <int HD>
+static __device__ __forceinline__ void fa_store(uint16_t *out, const uint16_t *qkv, const float (&o)[HD / 8][4],
+                                                const float (&l)[2], int r0, int t0, int TQ, int T, int G,
+                                                int kvh, int nKV, int t4) {
+    const int nH = nKV * G;
+    const size_t row = (size_t)2 * nH * HD + (size_t)2 * nKV * HD;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float lt = l[hr];
+        lt += shfl_xor(lt, 1);
+        lt += shfl_xor(lt, 2);
+        const int r = r0 + 8 * hr, tl = r / G;
+        if (tl >= TQ || t0 + tl >= T) continue;
+        const int t = t0 + tl, h = kvh * G + r % G;
+        const float inv = 1.0f / lt;
+        const uint16_t *gate = qkv + (size_t)t * row + (size_t)h * 2 * HD + HD;
+        uint16_t *op = out + ((size_t)t * nH + h) * HD;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const int d = 8 * n + 2 * t4;
+            const uint32_t gw = *(const uint32_t *)(gate + d);
+            const float v0 = bfr(o[n][2 * hr] * inv) * bfr(sigmoid_f(lo_bf(gw)));
+            const float v1 = bfr(o[n][2 * hr + 1] * inv) * bfr(sigmoid_f(hi_bf(gw)));
+            *(uint32_t *)(op + d) = pack_bf(v0, v1); /* HF: attn_output * sigmoid(gate) */
+        }
+    }
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
 attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
@@ -853,46 +946,9 @@ attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const u
             }
         }
 
-        /* mask, online softmax (base 2), P as bf16 A fragments */
-        const int j0 = kt * FA_BN;
-        const bool need_mask = j0 + FA_BN - 1 > p0 + t0;
         float corr[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float x = s[n][2 * hr + e] * scale_log2;
-                    if (need_mask && j0 + 8 * n + 2 * t4 + e > lim[hr]) x = -INFINITY;
-                    s[n][2 * hr + e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            mx = fmaxf(mx, shfl_xor(mx, 1));
-            mx = fmaxf(mx, shfl_xor(mx, 2));
-            const float mn = fmaxf(m[hr], mx);
-            const float base = mn == -INFINITY ? 0.0f : mn;
-            corr[hr] = exp2f(m[hr] - base);
-            float ps = 0.0f;
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float pr = exp2f(s[n][2 * hr + e] - base);
-                    s[n][2 * hr + e] = pr;
-                    ps += pr;
-                }
-            l[hr] = l[hr] * corr[hr] + ps;
-            m[hr] = mn;
-        }
-#pragma unroll
-        for (int n = 0; n < 2 * KS; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
+        fa_softmax(s, m, l, corr, lim, kt * FA_BN, kt * FA_BN + FA_BN - 1 > p0 + t0, scale_log2, t4);
+        fa_rescale<HD>(o, corr);
 
         cp_async_wait_all();
         __syncthreads(); /* V tile kt in; every warp done with K tile kt */
@@ -905,17 +961,7 @@ attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const u
 #pragma unroll
         for (int kk = 0; kk < FA_BN / 16; kk++) {
             uint32_t a[4], lo[4];
-            const float *e0 = s[2 * kk], *e1 = s[2 * kk + 1];
-            a[0] = pack_bf(e0[0], e0[1]);
-            a[1] = pack_bf(e0[2], e0[3]);
-            a[2] = pack_bf(e1[0], e1[1]);
-            a[3] = pack_bf(e1[2], e1[3]);
-            if (FA_PSPLIT) { /* what bf16 P leaves out, as a second bf16 operand */
-                lo[0] = pack_bf(e0[0] - lo_bf(a[0]), e0[1] - hi_bf(a[0]));
-                lo[1] = pack_bf(e0[2] - lo_bf(a[1]), e0[3] - hi_bf(a[1]));
-                lo[2] = pack_bf(e1[0] - lo_bf(a[2]), e1[1] - hi_bf(a[2]));
-                lo[3] = pack_bf(e1[2] - lo_bf(a[3]), e1[3] - hi_bf(a[3]));
-            }
+            fa_pack_p(s, kk, a, lo);
 #pragma unroll
             for (int p = 0; p < KS; p++) {
                 uint32_t b[4];
@@ -930,28 +976,138 @@ attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const u
         }
     }
 
-    /* rows' sums over the 4 lanes of each row, then the gated output */
-    const size_t row = (size_t)2 * nH * HD + (size_t)2 * nKV * HD;
+    fa_store<HD>(out, qkv, o, l, wid * 16 + g8, t0, TQ, T, G, kvh, nKV, t4);
+}
+
+/* The same on Hopper's warpgroup MMA (sm_90a; attn_flash_kernel elsewhere, and where the tests
+ * force it): the block's 8 warps are 2 warpgroups of 64 rows (warp w still owns rows 16 w ..
+ * 16 w + 15, so the softmax, masks and output are the code above), S = Q K^T by wgmma with Q
+ * and K from shared memory, O += P V with P from registers and V from shared memory as an
+ * N-major operand; no ldmatrix, and each K / V element read from shared memory once per
+ * warpgroup rather than once per warp (a quarter of the traffic). Tiles are kept as 64-wide
+ * column blocks of 128-byte rows, 128-byte swizzled (gpu.h, wg_desc), which is what cp.async
+ * fills. Same pipeline, same rounding: the products are the same bf16 x bf16 in fp32. */
+#define FA_WG_SMEM(HD) ((size_t)(FA_BM + 2 * FA_BN) * (HD) * sizeof(uint16_t) + 1024)
+
+/* element offset of 16-byte chunk c of row r in a tile of ROWS rows in 64-wide blocks */
+template <int ROWS>
+static __device__ __forceinline__ int fa_wsw(int r, int c) {
+    return (c >> 3) * ROWS * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
+attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
+                     const uint16_t *v_cache, const int32_t *pos, int T, int G, int nKV, int max_ctx,
+                     float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    static_assert(HD % 64 == 0, "head_dim: a multiple of 64");
+    constexpr int KS = HD / 16, KB = HD / 64, CPR = HD / 8;
+    extern __shared__ uint4 fa_sm[];
+    const uint32_t sm_raw = smem_addr(fa_sm), sm_base = (sm_raw + 1023) & ~1023u; /* atoms: 1 KB */
+    uint16_t *Qs = (uint16_t *)((char *)fa_sm + (sm_base - sm_raw)), *Ks = Qs + FA_BM * HD, *Vs = Ks + FA_BN * HD;
+    const uint32_t qa = sm_base, ka = qa + FA_BM * HD * 2, va = ka + FA_BN * HD * 2;
+    const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, wg = wid / 4;
+    const int g8 = lane / 4, t4 = lane % 4;
+    const int TQ = FA_BM / G, nH = nKV * G;
+    const int qt = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y; /* long tiles first */
+    const int t0 = qt * TQ, t_last = min(t0 + TQ, T) - 1;
+    const int p0 = *pos;
+    const int n_keys = min(p0 + t_last + 1, max_ctx);
+    const uint16_t *kc = k_cache + (size_t)kvh * max_ctx * HD, *vc = v_cache + (size_t)kvh * max_ctx * HD;
+
+    for (int idx = tid; idx < FA_BM * CPR; idx += FA_WARPS * WARP_SIZE) {
+        const int r = idx / CPR, c = idx % CPR;
+        const int t = min(t0 + min(r / G, TQ - 1), T - 1), h = kvh * G + r % G;
+        cp_async16(smem_addr(Qs + fa_wsw<FA_BM>(r, c)), q + ((size_t)t * nH + h) * HD + c * 8, 16);
+    }
+    for (int idx = tid; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
+        const int r = idx / CPR, c = idx % CPR;
+        cp_async16(smem_addr(Ks + fa_wsw<FA_BN>(r, c)), r < n_keys ? kc + (size_t)r * HD + c * 8 : kc,
+                   r < n_keys ? 16 : 0);
+    }
+    cp_async_commit();
+
+    int lim[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
-        float lt = l[hr];
-        lt += shfl_xor(lt, 1);
-        lt += shfl_xor(lt, 2);
-        const int r = wid * 16 + g8 + 8 * hr, tl = r / G;
-        if (tl >= TQ || t0 + tl >= T) continue;
-        const int t = t0 + tl, h = kvh * G + r % G;
-        const float inv = 1.0f / lt;
-        const uint16_t *gate = qkv + (size_t)t * row + (size_t)h * 2 * HD + HD;
-        uint16_t *op = out + ((size_t)t * nH + h) * HD;
+        const int r = wid * 16 + g8 + 8 * hr;
+        lim[hr] = p0 + min(t0 + min(r / G, TQ - 1), T - 1);
+    }
+    float o[2 * KS][4];
 #pragma unroll
-        for (int n = 0; n < 2 * KS; n++) {
-            const int d = 8 * n + 2 * t4;
-            const uint32_t gw = *(const uint32_t *)(gate + d);
-            const float v0 = bfr(o[n][2 * hr] * inv) * bfr(sigmoid_f(lo_bf(gw)));
-            const float v1 = bfr(o[n][2 * hr + 1] * inv) * bfr(sigmoid_f(hi_bf(gw)));
-            *(uint32_t *)(op + d) = pack_bf(v0, v1); /* HF: attn_output * sigmoid(gate) */
+    for (int n = 0; n < 2 * KS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    const int n_tiles = (n_keys + FA_BN - 1) / FA_BN;
+    for (int kt = 0; kt < n_tiles; kt++) {
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads(); /* K tile kt (and Q) in; every warpgroup done with V tile kt - 1 */
+        for (int idx = tid; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
+            const int r = idx / CPR, c = idx % CPR, j = kt * FA_BN + r;
+            cp_async16(smem_addr(Vs + fa_wsw<FA_BN>(r, c)), j < n_keys ? vc + (size_t)j * HD + c * 8 : vc,
+                       j < n_keys ? 16 : 0);
+        }
+        cp_async_commit();
+
+        /* S = Q K^T: the warpgroup's 64 rows x FA_BN keys, over HD in 16-wide steps */
+        float s[FA_BN / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const uint32_t k16 = (ks & 3) * 32; /* the step inside block ks / 4's 128-byte rows */
+            wgmma_ss(s, wg_desc(qa + (ks >> 2) * FA_BM * 128 + wg * 64 * 128 + k16, 16, 1024),
+                     wg_desc(ka + (ks >> 2) * FA_BN * 128 + k16, 16, 1024));
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_hold(s);
+
+        float corr[2];
+        fa_softmax(s, m, l, corr, lim, kt * FA_BN, kt * FA_BN + FA_BN - 1 > p0 + t0, scale_log2, t4);
+        fa_rescale<HD>(o, corr);
+        uint32_t pa[FA_BN / 16][4], pl[FA_BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++) fa_pack_p(s, kk, pa[kk], pl[kk]);
+
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads(); /* V tile kt in; every warpgroup done with K tile kt */
+        if (kt + 1 < n_tiles) {
+            for (int idx = tid; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
+                const int r = idx / CPR, c = idx % CPR, j = (kt + 1) * FA_BN + r;
+                cp_async16(smem_addr(Ks + fa_wsw<FA_BN>(r, c)), j < n_keys ? kc + (size_t)j * HD + c * 8 : kc,
+                           j < n_keys ? 16 : 0);
+            }
+            cp_async_commit();
+        }
+
+        /* O += P V: for each 64-wide block of HD, over the tile's keys in 16-wide steps */
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++)
+#pragma unroll
+            for (int j = 0; j < KB; j++) {
+                const uint64_t db = wg_desc(va + j * FA_BN * 128 + kk * 16 * 128, FA_BN * 128, 1024);
+                wgmma_rs_t(reinterpret_cast<float(&)[8][4]>(o[8 * j]), pa[kk], db);
+                if (FA_PSPLIT) wgmma_rs_t(reinterpret_cast<float(&)[8][4]>(o[8 * j]), pl[kk], db);
+            }
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int j = 0; j < KB; j++) wg_hold(reinterpret_cast<float(&)[8][4]>(o[8 * j]));
+#pragma unroll
+        for (int kk = 0; kk < FA_BN / 16; kk++) {
+            wg_hold(pa[kk]);
+            wg_hold(pl[kk]);
         }
     }
+
+    fa_store<HD>(out, qkv, o, l, wid * 16 + g8, t0, TQ, T, G, kvh, nKV, t4);
+#endif
 }
 
 extern "C" void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_ctx,
@@ -1079,14 +1235,22 @@ static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, u
                          const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                          const uint16_t *v_cache, const int32_t *pos, int T) {
     const int G = c->num_attention_heads / c->num_key_value_heads, TQ = FA_BM / G;
-    const size_t smem = (size_t)(FA_BM + 2 * FA_BN) * HD * sizeof(uint16_t);
-    static int opted; /* per template instance: the attribute is the kernel's, not the call's */
-    if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN(attn_flash_kernel<HD>, smem);
-    opted = 1;
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
-    attn_flash_kernel<HD><<<dim3((T + TQ - 1) / TQ, c->num_key_value_heads), FA_WARPS * WARP_SIZE,
-                            smem, cu->stream>>>(out, q, qkv, k_cache, v_cache, pos, T, G,
-                                                c->num_key_value_heads, max_ctx, scale_log2);
+    const dim3 grid((T + TQ - 1) / TQ, c->num_key_value_heads);
+    static int opted[2]; /* per template instance: the attribute is the kernel's, not the call's */
+    if (cu->flash_wg) {
+        const size_t smem = FA_WG_SMEM(HD);
+        if (!opted[1]) GPU_SMEM_OPTIN(attn_flash_wg_kernel<HD>, smem);
+        opted[1] = 1;
+        attn_flash_wg_kernel<HD><<<grid, FA_WARPS * WARP_SIZE, smem, cu->stream>>>(
+            out, q, qkv, k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx, scale_log2);
+    } else {
+        const size_t smem = (size_t)(FA_BM + 2 * FA_BN) * HD * sizeof(uint16_t);
+        if (!opted[0] && smem > 48 * 1024) GPU_SMEM_OPTIN(attn_flash_kernel<HD>, smem);
+        opted[0] = 1;
+        attn_flash_kernel<HD><<<grid, FA_WARPS * WARP_SIZE, smem, cu->stream>>>(
+            out, q, qkv, k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx, scale_log2);
+    }
     GPU_LAUNCHED();
     cu->n_launches++;
 }

@@ -259,6 +259,7 @@ extern "C" void backend_cuda_test_knobs(struct backend *be, const struct cuda_te
     if (k->gemv_tail >= -1) cu->gemv_tail = k->gemv_tail > 0 ? k->gemv_tail : 0;
     if (k->gemv_tail_min >= -1) cu->gemv_tail_min = k->gemv_tail_min > 1 ? k->gemv_tail_min : 1;
     if (k->attn_short >= -1) cu->attn_short = k->attn_short > 0 ? k->attn_short : 0;
+    if (k->flash_portable > 0) cu->flash_wg = 0;
 }
 
 extern "C" size_t backend_cuda_scratch_bytes(struct backend *be) {
@@ -838,6 +839,9 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
             cu, (size_t)CUDA_KTRACE_JOBS * CUDA_KTRACE_STRIDE * 8, "the trace buffer");
     }
     cu->attn_short = 512; /* run 40: 512 and 1,024 alike at 301-350 tokens, 256 4% slower */
+#ifdef STRATA_SM90A
+    cu->flash_wg = cu->info.cc == 90;
+#endif
     cu->attn_mode = -1;
     cu->skip = env_int("STRATA_SKIP_DECODE", 0, 0, 3); /* timing only: 1 gdn step, 2 attention */
     cu->stage = (uint8_t *)gpu_host_alloc(CUDA_STAGE_BYTES);

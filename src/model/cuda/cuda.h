@@ -21,8 +21,10 @@ struct cuda_test_knobs {
     int gemv_tail_min;  /* ... in plain GEMVs of at least this many rounds (default 8) */
     int attn_short;     /* decode attention by a block per query head up to this many keys
                            (default 512; 0: split-KV always) */
+    int flash_portable; /* 1: prefill attention by the mma.sync kernel even where the wgmma one
+                           runs (sm_90a builds on compute capability 9.0) */
 };
-#define CUDA_TEST_KNOBS_DEFAULT {-2, -2, -2, -2}
+#define CUDA_TEST_KNOBS_DEFAULT {-2, -2, -2, -2, -2}
 void backend_cuda_test_knobs(struct backend *be, const struct cuda_test_knobs *k);
 
 /* Kernels and cuBLAS calls issued so far (a graph replay counts once per captured node). */

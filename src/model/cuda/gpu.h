@@ -56,6 +56,7 @@ struct gpu_info {
     int l2_bytes;
     int smem_optin;      /* max dynamic shared memory per block after opting in */
     int regs_per_sm;     /* 32-bit registers per multiprocessor */
+    int cc;              /* compute capability, major * 10 + minor */
     size_t free_bytes, total_bytes;
 };
 
@@ -78,6 +79,7 @@ static inline void gpu_get_info(struct gpu_info *gi) {
     gi->l2_bytes = p.l2CacheSize;
     gi->smem_optin = (int)p.sharedMemPerBlockOptin;
     gi->regs_per_sm = p.regsPerMultiprocessor;
+    gi->cc = p.major * 10 + p.minor;
     GPU_CHECK(cudaMemGetInfo(&gi->free_bytes, &gi->total_bytes));
 }
 static inline int gpu_try_malloc(void **p, size_t bytes) {
@@ -399,6 +401,59 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint3
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+/* ---- wgmma (sm_90a only: the callers keep an mma.sync path beside) ----
+ * A warpgroup (4 consecutive warps from a warp index divisible by 4) computes D (64 x 64 fp32)
+ * += A (64 x 16 bf16) B (16 x 64 bf16), asynchronously: fence, the wgmmas, commit, then wait
+ * before D (or a register A) is touched again. D's layout per warp (16 rows of the 64) is
+ * mma_bf16's per 8 columns: d[n][0..3] rows g, g, g + 8, g + 8, cols 8 n + 2 t, + 1; a register
+ * A is mma_bf16's a. Shared operands are tiles of 128-byte rows (64 bf16) in 1,024-byte atoms of
+ * 8 rows, 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle), described by
+ * wg_desc: its start (+32 bytes a 16-wide k step inside the row, for K-major operands), the
+ * leading byte offset (MN-major: between 64-wide blocks) and the stride byte offset (1,024: the
+ * next 8 rows). */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+           ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_D32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_R4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define WG_OUT(d) WG_R4(d, 0), WG_R4(d, 1), WG_R4(d, 2), WG_R4(d, 3), WG_R4(d, 4), WG_R4(d, 5), WG_R4(d, 6), WG_R4(d, 7)
+static __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void wg_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* the compiler may neither read d nor reuse its registers across this point (in flight) */
+static __device__ __forceinline__ void wg_hold(float (&d)[8][4]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+}
+static __device__ __forceinline__ void wg_hold(uint32_t (&a)[4]) {
+    asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3])::"memory");
+}
+/* d += A B, A (K-major) and B (K-major: row n of the tile is column n of B) in shared memory */
+static __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_OUT(d) : "l"(da), "l"(db), "r"(1));
+}
+/* d += A B, A in registers, B MN-major in shared memory (row k of the tile is row k of B) */
+static __device__ __forceinline__ void wgmma_rs_t(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32
+                 ", {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+                 : WG_OUT(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+#undef WG_OUT
+#undef WG_R4
+#undef WG_D32
+/* ordinary (and cp.async) shared-memory writes made visible to the tensor cores' reads */
+static __device__ __forceinline__ void fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+#endif
 /* Weights are read once per token: stream them past L1 and mark them evict-first in L2. */
 static __device__ __forceinline__ uint4 load_stream(const uint4 *p) { return __ldcs(p); }
 /* Data another block of the same launch wrote (after a fence): bypass the non-coherent L1. */

@@ -138,6 +138,8 @@ struct cuda {
     int attn_splits;
     int attn_short;     /* decode: a block per query head up to this many keys (512, run 40;
                            0: split-KV always; backend_cuda_test_knobs) */
+    int flash_wg;       /* prefill attention by attn_flash_wg_kernel (wgmma): built for sm_90a and
+                           running on compute capability 9.0; 0: attn_flash_kernel (mma.sync) */
     int attn_mode;      /* decode attention kernels to launch: 0 short, 1 split, -1 both
                            (op_graph_variant sets it for one step) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
