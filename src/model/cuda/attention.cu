@@ -986,13 +986,27 @@ attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const u
  * N-major operand; no ldmatrix, and each K / V element read from shared memory once per
  * warpgroup rather than once per warp (a quarter of the traffic). Tiles are kept as 64-wide
  * column blocks of 128-byte rows, 128-byte swizzled (gpu.h, wg_desc), which is what cp.async
- * fills. Same pipeline, same rounding: the products are the same bf16 x bf16 in fp32. */
-#define FA_WG_SMEM(HD) ((size_t)(FA_BM + 2 * FA_BN) * (HD) * sizeof(uint16_t) + 1024)
+ * fills. K and V tiles have two buffers each, and a warpgroup overlaps its softmax with its own
+ * P V: at step j it issues S of tile j + 1 and P V of tile j, takes the softmax of tile j + 1
+ * as soon as its S is done while the P V still runs, and rescales O after (FlashAttention-3's
+ * intra-warpgroup pipelining); a rescale by factors that are all 1 (no row's max moved, most
+ * tiles of a long prompt) is skipped. Same rounding as attn_flash_kernel: the products are the
+ * same bf16 x bf16 in fp32. */
+#define FA_WG_SMEM(HD) ((size_t)(FA_BM + 4 * FA_BN) * (HD) * sizeof(uint16_t) + 1024)
 
 /* element offset of 16-byte chunk c of row r in a tile of ROWS rows in 64-wide blocks */
 template <int ROWS>
 static __device__ __forceinline__ int fa_wsw(int r, int c) {
     return (c >> 3) * ROWS * 64 + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+/* rows j0 .. j0 + FA_BN - 1 of a K or V cache head (zero past n) into a wgmma tile */
+template <int HD>
+static __device__ __forceinline__ void fa_wg_load(uint16_t *dst, const uint16_t *src, int j0, int n) {
+    constexpr int CPR = HD / 8;
+    for (int idx = threadIdx.x; idx < FA_BN * CPR; idx += blockDim.x) {
+        const int r = idx / CPR, c = idx % CPR, j = j0 + r;
+        cp_async16(smem_addr(dst + fa_wsw<FA_BN>(r, c)), j < n ? src + (size_t)j * HD + c * 8 : src, j < n ? 16 : 0);
+    }
 }
 
 template <int HD>
@@ -1002,11 +1016,12 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
                      float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(HD % 64 == 0, "head_dim: a multiple of 64");
-    constexpr int KS = HD / 16, KB = HD / 64, CPR = HD / 8;
+    constexpr int KS = HD / 16, KB = HD / 64, CPR = HD / 8, PK = FA_BN / 16;
+    constexpr uint32_t TILE = FA_BN * HD * 2; /* bytes of a K or V tile */
     extern __shared__ uint4 fa_sm[];
     const uint32_t sm_raw = smem_addr(fa_sm), sm_base = (sm_raw + 1023) & ~1023u; /* atoms: 1 KB */
-    uint16_t *Qs = (uint16_t *)((char *)fa_sm + (sm_base - sm_raw)), *Ks = Qs + FA_BM * HD, *Vs = Ks + FA_BN * HD;
-    const uint32_t qa = sm_base, ka = qa + FA_BM * HD * 2, va = ka + FA_BN * HD * 2;
+    uint16_t *Qs = (uint16_t *)((char *)fa_sm + (sm_base - sm_raw)), *Ks = Qs + FA_BM * HD, *Vs = Ks + 2 * FA_BN * HD;
+    const uint32_t qa = sm_base, ka = qa + FA_BM * HD * 2, va = ka + 2 * TILE;
     const int tid = threadIdx.x, wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, wg = wid / 4;
     const int g8 = lane / 4, t4 = lane % 4;
     const int TQ = FA_BM / G, nH = nKV * G;
@@ -1014,18 +1029,19 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
     const int t0 = qt * TQ, t_last = min(t0 + TQ, T) - 1;
     const int p0 = *pos;
     const int n_keys = min(p0 + t_last + 1, max_ctx);
+    const int n_tiles = (n_keys + FA_BN - 1) / FA_BN;
     const uint16_t *kc = k_cache + (size_t)kvh * max_ctx * HD, *vc = v_cache + (size_t)kvh * max_ctx * HD;
 
+    /* groups: Q with K tile 0, then K tile 1 with V tile 0 */
     for (int idx = tid; idx < FA_BM * CPR; idx += FA_WARPS * WARP_SIZE) {
         const int r = idx / CPR, c = idx % CPR;
         const int t = min(t0 + min(r / G, TQ - 1), T - 1), h = kvh * G + r % G;
         cp_async16(smem_addr(Qs + fa_wsw<FA_BM>(r, c)), q + ((size_t)t * nH + h) * HD + c * 8, 16);
     }
-    for (int idx = tid; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
-        const int r = idx / CPR, c = idx % CPR;
-        cp_async16(smem_addr(Ks + fa_wsw<FA_BN>(r, c)), r < n_keys ? kc + (size_t)r * HD + c * 8 : kc,
-                   r < n_keys ? 16 : 0);
-    }
+    fa_wg_load<HD>(Ks, kc, 0, n_keys);
+    cp_async_commit();
+    if (n_tiles > 1) fa_wg_load<HD>(Ks + FA_BN * HD, kc, FA_BN, n_keys);
+    fa_wg_load<HD>(Vs, vc, 0, n_keys);
     cp_async_commit();
 
     int lim[2];
@@ -1037,74 +1053,83 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
     float o[2 * KS][4];
 #pragma unroll
     for (int n = 0; n < 2 * KS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-    const int n_tiles = (n_keys + FA_BN - 1) / FA_BN;
-    for (int kt = 0; kt < n_tiles; kt++) {
-        cp_async_wait_all();
-        fence_proxy_async();
-        __syncthreads(); /* K tile kt (and Q) in; every warpgroup done with V tile kt - 1 */
-        for (int idx = tid; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
-            const int r = idx / CPR, c = idx % CPR, j = kt * FA_BN + r;
-            cp_async16(smem_addr(Vs + fa_wsw<FA_BN>(r, c)), j < n_keys ? vc + (size_t)j * HD + c * 8 : vc,
-                       j < n_keys ? 16 : 0);
-        }
-        cp_async_commit();
-
-        /* S = Q K^T: the warpgroup's 64 rows x FA_BN keys, over HD in 16-wide steps */
-        float s[FA_BN / 8][4];
-#pragma unroll
-        for (int n = 0; n < FA_BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        wg_fence();
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+    float s[FA_BN / 8][4];
+    /* S of key tile j (in buffer j % 2) into s, issued and committed */
+    auto issue_s = [&](int j) {
+        const uint32_t kb = ka + (j & 1) * TILE;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             const uint32_t k16 = (ks & 3) * 32; /* the step inside block ks / 4's 128-byte rows */
             wgmma_ss(s, wg_desc(qa + (ks >> 2) * FA_BM * 128 + wg * 64 * 128 + k16, 16, 1024),
-                     wg_desc(ka + (ks >> 2) * FA_BN * 128 + k16, 16, 1024));
+                     wg_desc(kb + (ks >> 2) * FA_BN * 128 + k16, 16, 1024), ks > 0);
         }
         wg_commit();
-        wg_wait<0>();
-        wg_hold(s);
+    };
 
-        float corr[2];
-        fa_softmax(s, m, l, corr, lim, kt * FA_BN, kt * FA_BN + FA_BN - 1 > p0 + t0, scale_log2, t4);
-        fa_rescale<HD>(o, corr);
-        uint32_t pa[FA_BN / 16][4], pl[FA_BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++) fa_pack_p(s, kk, pa[kk], pl[kk]);
+    cp_async_wait_group<1>();
+    fence_proxy_async();
+    __syncthreads(); /* Q and K tile 0 in */
+    wg_fence();
+    issue_s(0);
+    wg_wait<0>();
+    wg_hold(s);
+    fa_softmax(s, m, l, corr, lim, 0, FA_BN - 1 > p0 + t0, scale_log2, t4);
 
-        cp_async_wait_all();
-        fence_proxy_async();
-        __syncthreads(); /* V tile kt in; every warpgroup done with K tile kt */
-        if (kt + 1 < n_tiles) {
-            for (int idx = tid; idx < FA_BN * CPR; idx += FA_WARPS * WARP_SIZE) {
-                const int r = idx / CPR, c = idx % CPR, j = (kt + 1) * FA_BN + r;
-                cp_async16(smem_addr(Ks + fa_wsw<FA_BN>(r, c)), j < n_keys ? kc + (size_t)j * HD + c * 8 : kc,
-                           j < n_keys ? 16 : 0);
-            }
-            cp_async_commit();
-        }
-
-        /* O += P V: for each 64-wide block of HD, over the tile's keys in 16-wide steps */
-        wg_fence();
+    /* O += P V of key tile j (V in buffer j % 2) with P from s, issued and committed; P's
+     * registers in pa / pl until the wait */
+    uint32_t pa[PK][4], pl[PK][4];
+    auto issue_pv = [&](int j) {
+        const uint32_t vb = va + (j & 1) * TILE;
 #pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++)
+        for (int kk = 0; kk < PK; kk++)
 #pragma unroll
-            for (int j = 0; j < KB; j++) {
-                const uint64_t db = wg_desc(va + j * FA_BN * 128 + kk * 16 * 128, FA_BN * 128, 1024);
-                wgmma_rs_t(reinterpret_cast<float(&)[8][4]>(o[8 * j]), pa[kk], db);
-                if (FA_PSPLIT) wgmma_rs_t(reinterpret_cast<float(&)[8][4]>(o[8 * j]), pl[kk], db);
+            for (int b = 0; b < KB; b++) { /* each 64-wide block of HD, the keys 16 at a time */
+                const uint64_t db = wg_desc(vb + b * FA_BN * 128 + kk * 16 * 128, FA_BN * 128, 1024);
+                wgmma_rs_t(reinterpret_cast<float(&)[8][4]>(o[8 * b]), pa[kk], db);
+                if (FA_PSPLIT) wgmma_rs_t(reinterpret_cast<float(&)[8][4]>(o[8 * b]), pl[kk], db);
             }
         wg_commit();
-        wg_wait<0>();
+    };
+    auto hold_pv = [&]() {
 #pragma unroll
-        for (int j = 0; j < KB; j++) wg_hold(reinterpret_cast<float(&)[8][4]>(o[8 * j]));
+        for (int b = 0; b < KB; b++) wg_hold(reinterpret_cast<float(&)[8][4]>(o[8 * b]));
 #pragma unroll
-        for (int kk = 0; kk < FA_BN / 16; kk++) {
+        for (int kk = 0; kk < PK; kk++) {
             wg_hold(pa[kk]);
             wg_hold(pl[kk]);
         }
+    };
+    /* a step: S of tile kt + 1 and P V of tile kt in flight, the softmax of kt + 1 under the P V */
+    for (int kt = 0; kt + 1 < n_tiles; kt++) {
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads(); /* V tile kt and K tile kt + 1 in; every warpgroup done with S of kt, P V of kt - 1 */
+        if (kt + 2 < n_tiles) fa_wg_load<HD>(Ks + (kt & 1) * FA_BN * HD, kc, (kt + 2) * FA_BN, n_keys);
+        fa_wg_load<HD>(Vs + ((kt + 1) & 1) * FA_BN * HD, vc, (kt + 1) * FA_BN, n_keys);
+        cp_async_commit();
+#pragma unroll
+        for (int kk = 0; kk < PK; kk++) fa_pack_p(s, kk, pa[kk], pl[kk]);
+        wg_fence();
+        issue_s(kt + 1);
+        issue_pv(kt);
+        wg_wait<1>(); /* S of kt + 1 (the older group) */
+        wg_hold(s);
+        const int j0 = (kt + 1) * FA_BN;
+        fa_softmax(s, m, l, corr, lim, j0, j0 + FA_BN - 1 > p0 + t0, scale_log2, t4);
+        wg_wait<0>();
+        hold_pv();
+        if (__any_sync(FULL_MASK, corr[0] != 1.0f || corr[1] != 1.0f)) fa_rescale<HD>(o, corr);
     }
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads(); /* the last V tile in */
+#pragma unroll
+    for (int kk = 0; kk < PK; kk++) fa_pack_p(s, kk, pa[kk], pl[kk]);
+    wg_fence();
+    issue_pv(n_tiles - 1);
+    wg_wait<0>();
+    hold_pv();
 
     fa_store<HD>(out, qkv, o, l, wid * 16 + g8, t0, TQ, T, G, kvh, nKV, t4);
 #endif

@@ -433,11 +433,12 @@ static __device__ __forceinline__ void wg_hold(float (&d)[8][4]) {
 static __device__ __forceinline__ void wg_hold(uint32_t (&a)[4]) {
     asm volatile("" : "+r"(a[0]), "+r"(a[1]), "+r"(a[2]), "+r"(a[3])::"memory");
 }
-/* d += A B, A (K-major) and B (K-major: row n of the tile is column n of B) in shared memory */
-static __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t da, uint64_t db) {
+/* d += A B (d = A B where accumulate is 0), A (K-major) and B (K-major: row n of the tile is
+ * column n of B) in shared memory */
+static __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t da, uint64_t db, int accumulate = 1) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_OUT(d) : "l"(da), "l"(db), "r"(1));
+                 : WG_OUT(d) : "l"(da), "l"(db), "r"(accumulate));
 }
 /* d += A B, A in registers, B MN-major in shared memory (row k of the tile is row k of B) */
 static __device__ __forceinline__ void wgmma_rs_t(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
