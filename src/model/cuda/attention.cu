@@ -993,6 +993,12 @@ attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const u
  * tiles of a long prompt) is skipped. Same rounding as attn_flash_kernel: the products are the
  * same bf16 x bf16 in fp32. */
 #define FA_WG_SMEM(HD) ((size_t)(FA_BM + 4 * FA_BN) * (HD) * sizeof(uint16_t) + 1024)
+/* Where a prompt's query tiles are fewer blocks than multiprocessors (a short prompt, or a
+ * continuation of a long cached prefix: 671 tokens at 9,088 fill 84 of 132), the keys are
+ * split among up to FA_MAX_SPLITS blocks (grid z) of at least FA_SPLIT_MIN tiles each, whose
+ * partials attn_flash_merge_kernel merges (flash-decoding's split-KV). */
+#define FA_MAX_SPLITS 8
+#define FA_SPLIT_MIN 4
 
 /* element offset of 16-byte chunk c of row r in a tile of ROWS rows in 64-wide blocks */
 template <int ROWS>
@@ -1011,9 +1017,9 @@ static __device__ __forceinline__ void fa_wg_load(uint16_t *dst, const uint16_t 
 
 template <int HD>
 static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
-attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
-                     const uint16_t *v_cache, const int32_t *pos, int T, int G, int nKV, int max_ctx,
-                     float scale_log2) {
+attn_flash_wg_kernel(uint16_t *out, float *part, const uint16_t *q, const uint16_t *qkv,
+                     const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *pos, int T, int G,
+                     int nKV, int max_ctx, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(HD % 64 == 0, "head_dim: a multiple of 64");
     constexpr int KS = HD / 16, KB = HD / 64, CPR = HD / 8, PK = FA_BN / 16;
@@ -1029,19 +1035,36 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
     const int t0 = qt * TQ, t_last = min(t0 + TQ, T) - 1;
     const int p0 = *pos;
     const int n_keys = min(p0 + t_last + 1, max_ctx);
-    const int n_tiles = (n_keys + FA_BN - 1) / FA_BN;
+    /* the key tiles of this split: kb0 .. kb0 + n_tiles - 1 */
+    int kb0 = 0, n_tiles = (n_keys + FA_BN - 1) / FA_BN;
+    if (gridDim.z > 1) {
+        const int per = max((n_tiles + (int)gridDim.z - 1) / (int)gridDim.z, FA_SPLIT_MIN);
+        kb0 = blockIdx.z * per;
+        n_tiles = min(n_tiles - kb0, per);
+    }
+    if (n_tiles <= 0) { /* no keys: an empty partial (l 0) that the merge skips */
+        if (t4 == 0)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = wid * 16 + g8 + 8 * hr, tl = r / G;
+                if (tl >= TQ || t0 + tl >= T) continue;
+                float *pp = part + (((size_t)blockIdx.z * T + t0 + tl) * nH + kvh * G + r % G) * (HD + 2);
+                pp[HD] = -INFINITY, pp[HD + 1] = 0.0f;
+            }
+        return;
+    }
     const uint16_t *kc = k_cache + (size_t)kvh * max_ctx * HD, *vc = v_cache + (size_t)kvh * max_ctx * HD;
 
-    /* groups: Q with K tile 0, then K tile 1 with V tile 0 */
+    /* groups: Q with K tile kb0, then K tile kb0 + 1 with V tile kb0 */
     for (int idx = tid; idx < FA_BM * CPR; idx += FA_WARPS * WARP_SIZE) {
         const int r = idx / CPR, c = idx % CPR;
         const int t = min(t0 + min(r / G, TQ - 1), T - 1), h = kvh * G + r % G;
         cp_async16(smem_addr(Qs + fa_wsw<FA_BM>(r, c)), q + ((size_t)t * nH + h) * HD + c * 8, 16);
     }
-    fa_wg_load<HD>(Ks, kc, 0, n_keys);
+    fa_wg_load<HD>(Ks, kc, kb0 * FA_BN, n_keys);
     cp_async_commit();
-    if (n_tiles > 1) fa_wg_load<HD>(Ks + FA_BN * HD, kc, FA_BN, n_keys);
-    fa_wg_load<HD>(Vs, vc, 0, n_keys);
+    if (n_tiles > 1) fa_wg_load<HD>(Ks + FA_BN * HD, kc, (kb0 + 1) * FA_BN, n_keys);
+    fa_wg_load<HD>(Vs, vc, kb0 * FA_BN, n_keys);
     cp_async_commit();
 
     int lim[2];
@@ -1055,7 +1078,7 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
     for (int n = 0; n < 2 * KS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
     float s[FA_BN / 8][4];
-    /* S of key tile j (in buffer j % 2) into s, issued and committed */
+    /* S of the split's key tile j (in buffer j % 2) into s, issued and committed */
     auto issue_s = [&](int j) {
         const uint32_t kb = ka + (j & 1) * TILE;
 #pragma unroll
@@ -1074,9 +1097,9 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
     issue_s(0);
     wg_wait<0>();
     wg_hold(s);
-    fa_softmax(s, m, l, corr, lim, 0, FA_BN - 1 > p0 + t0, scale_log2, t4);
+    fa_softmax(s, m, l, corr, lim, kb0 * FA_BN, (kb0 + 1) * FA_BN - 1 > p0 + t0, scale_log2, t4);
 
-    /* O += P V of key tile j (V in buffer j % 2) with P from s, issued and committed; P's
+    /* O += P V of the split's key tile j (V in buffer j % 2) with P from s, issued and committed; P's
      * registers in pa / pl until the wait */
     uint32_t pa[PK][4], pl[PK][4];
     auto issue_pv = [&](int j) {
@@ -1100,13 +1123,15 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
             wg_hold(pl[kk]);
         }
     };
-    /* a step: S of tile kt + 1 and P V of tile kt in flight, the softmax of kt + 1 under the P V */
+    /* a step: S of tile kt + 1 and P V of tile kt in flight, the softmax of kt + 1 under the P V
+     * (run 188: issuing the next tiles' loads after the wgmmas instead of before was slower,
+     * 32k 249.0 -> 265.6 ms) */
     for (int kt = 0; kt + 1 < n_tiles; kt++) {
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads(); /* V tile kt and K tile kt + 1 in; every warpgroup done with S of kt, P V of kt - 1 */
-        if (kt + 2 < n_tiles) fa_wg_load<HD>(Ks + (kt & 1) * FA_BN * HD, kc, (kt + 2) * FA_BN, n_keys);
-        fa_wg_load<HD>(Vs + ((kt + 1) & 1) * FA_BN * HD, vc, (kt + 1) * FA_BN, n_keys);
+        if (kt + 2 < n_tiles) fa_wg_load<HD>(Ks + (kt & 1) * FA_BN * HD, kc, (kb0 + kt + 2) * FA_BN, n_keys);
+        fa_wg_load<HD>(Vs + ((kt + 1) & 1) * FA_BN * HD, vc, (kb0 + kt + 1) * FA_BN, n_keys);
         cp_async_commit();
 #pragma unroll
         for (int kk = 0; kk < PK; kk++) fa_pack_p(s, kk, pa[kk], pl[kk]);
@@ -1115,7 +1140,7 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
         issue_pv(kt);
         wg_wait<1>(); /* S of kt + 1 (the older group) */
         wg_hold(s);
-        const int j0 = (kt + 1) * FA_BN;
+        const int j0 = (kb0 + kt + 1) * FA_BN;
         fa_softmax(s, m, l, corr, lim, j0, j0 + FA_BN - 1 > p0 + t0, scale_log2, t4);
         wg_wait<0>();
         hold_pv();
@@ -1131,8 +1156,67 @@ attn_flash_wg_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, cons
     wg_wait<0>();
     hold_pv();
 
-    fa_store<HD>(out, qkv, o, l, wid * 16 + g8, t0, TQ, T, G, kvh, nKV, t4);
+    if (gridDim.z == 1) {
+        fa_store<HD>(out, qkv, o, l, wid * 16 + g8, t0, TQ, T, G, kvh, nKV, t4);
+        return;
+    }
+    /* a split: O unnormalised, the row's max (base 2) and sum, for attn_flash_merge_kernel */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float lt = l[hr];
+        lt += shfl_xor(lt, 1);
+        lt += shfl_xor(lt, 2);
+        const int r = wid * 16 + g8 + 8 * hr, tl = r / G;
+        if (tl >= TQ || t0 + tl >= T) continue;
+        float *pp = part + (((size_t)blockIdx.z * T + t0 + tl) * nH + kvh * G + r % G) * (HD + 2);
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(float2 *)(pp + 8 * n + 2 * t4) = make_float2(o[n][2 * hr], o[n][2 * hr + 1]);
+        if (t4 == 0) pp[HD] = m[hr], pp[HD + 1] = lt;
+    }
 #endif
+}
+
+/* The splits' partials of each (token, query head) merged (a warp per row):
+ * weights 2^(m_i - max m), out = bf16(bf16(sum w_i O_i / sum w_i l_i) * bf16(sigmoid(gate))),
+ * as fa_store rounds it (HD / 32 channels a lane). Bytes: S T nH (hd + 2) 4 in, 2 T nH hd (gate) in, 2 T nH hd out. */
+template <int HD>
+static __global__ void attn_flash_merge_kernel(uint16_t *out, const float *part, const uint16_t *qkv,
+                                               int S, int T, int nH, int nKV) {
+    const int item = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    if (item >= T * nH) return;
+    const int t = item / nH, h = item % nH;
+    constexpr int E = HD / WARP_SIZE; /* channels a lane: lane * E .. */
+    float mx = -INFINITY;
+    for (int i = 0; i < S; i++) {
+        const float *pp = part + ((size_t)i * T * nH + item) * (HD + 2);
+        if (pp[HD + 1] > 0.0f) mx = fmaxf(mx, pp[HD]);
+    }
+    float acc[E] = {}, L = 0.0f;
+    for (int i = 0; i < S; i++) {
+        const float *pp = part + ((size_t)i * T * nH + item) * (HD + 2);
+        const float li = pp[HD + 1];
+        if (!(li > 0.0f)) continue;
+        const float w = exp2f(pp[HD] - mx);
+        L += w * li;
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const float2 v = *(const float2 *)(pp + lane * E + e);
+            acc[e] += w * v.x, acc[e + 1] += w * v.y;
+        }
+    }
+    const float inv = 1.0f / L;
+    const size_t row = (size_t)2 * nH * HD + (size_t)2 * nKV * HD;
+    const uint16_t *gate = qkv + (size_t)t * row + (size_t)h * 2 * HD + HD;
+    uint16_t *op = out + ((size_t)t * nH + h) * HD;
+#pragma unroll
+    for (int e = 0; e < E; e += 2) {
+        const int d = lane * E + e;
+        const uint32_t gw = *(const uint32_t *)(gate + d);
+        const float v0 = bfr(acc[e] * inv) * bfr(sigmoid_f(lo_bf(gw)));
+        const float v1 = bfr(acc[e + 1] * inv) * bfr(sigmoid_f(hi_bf(gw)));
+        *(uint32_t *)(op + d) = pack_bf(v0, v1);
+    }
 }
 
 extern "C" void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_ctx,
@@ -1267,8 +1351,19 @@ static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, u
         const size_t smem = FA_WG_SMEM(HD);
         if (!opted[1]) GPU_SMEM_OPTIN(attn_flash_wg_kernel<HD>, smem);
         opted[1] = 1;
-        attn_flash_wg_kernel<HD><<<grid, FA_WARPS * WARP_SIZE, smem, cu->stream>>>(
-            out, q, qkv, k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx, scale_log2);
+        const int blocks = grid.x * grid.y, nH = c->num_attention_heads;
+        int S = blocks < cu->info.n_sm ? 2 * cu->info.n_sm / blocks : 1;
+        if (S > FA_MAX_SPLITS) S = FA_MAX_SPLITS;
+        while (S > 1 && (size_t)S * T * nH * (HD + 2) * sizeof(float) > cu->flash_part_bytes) S--;
+        attn_flash_wg_kernel<HD><<<dim3(grid.x, grid.y, S), FA_WARPS * WARP_SIZE, smem, cu->stream>>>(
+            out, cu->flash_part, q, qkv, k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx,
+            scale_log2);
+        if (S > 1) {
+            GPU_LAUNCHED();
+            cu->n_launches++;
+            attn_flash_merge_kernel<HD><<<(T * nH + 7) / 8, 8 * WARP_SIZE, 0, cu->stream>>>(
+                out, cu->flash_part, qkv, S, T, nH, c->num_key_value_heads);
+        }
     } else {
         const size_t smem = (size_t)(FA_BM + 2 * FA_BN) * HD * sizeof(uint16_t);
         if (!opted[0] && smem > 48 * 1024) GPU_SMEM_OPTIN(attn_flash_kernel<HD>, smem);
@@ -1278,6 +1373,13 @@ static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, u
     }
     GPU_LAUNCHED();
     cu->n_launches++;
+}
+
+/* Bytes of the split-KV partials the wgmma flash kernel may write (launch_flash): up to
+ * 2 n_sm blocks of FA_BM rows each, hd + 2 floats a row; 0 where it does not run. */
+extern "C" size_t cuda_flash_part_bytes(const struct cuda *cu, const struct config *c) {
+    if (!cu->flash_wg || c->head_dim % 64 || c->num_attention_heads / c->num_key_value_heads > FA_BM) return 0;
+    return (size_t)2 * cu->info.n_sm * FA_BM * (c->head_dim + 2) * sizeof(float);
 }
 
 /* The flash kernel for head dims of 64, 128 and 256 (every Qwen3.5 size: 256; the demo model:

@@ -750,7 +750,7 @@ static void op_destroy(struct backend *be) {
     struct cuda *cu = cuda_of(be);
     gpu_stream_sync(cu->stream);
     for (int i = 0; i < cu->n_graphs; i++) gpu_graph_destroy(cu->graphs[i].graph, cu->graphs[i].exec);
-    void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part,
+    void *bufs[] = {cu->rope_cos, cu->rope_sin, cu->xn, cu->y, cu->attn_q, cu->attn_part, cu->flash_part,
                     cu->gdn_y, cu->gdn_qk, cu->gdn_bg, cu->gdn_o, cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_a,
                     cu->gdn_h, cu->gdn_vn, cu->gdn_sz, cu->early_cnt, cu->counters,
                     cu->argmax_part, cu->n_posts, cu->blas_ws, cu->trace, cu->ktrace};
@@ -890,6 +890,9 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->attn_splits = splits;
     cu->attn_part = (float *)dev_alloc(cu, (size_t)nH * splits * (hd + 4) * sizeof(float),
                                        "attention scratch");
+    cu->flash_part_bytes = max_T > 1 ? cuda_flash_part_bytes(cu, c) : 0;
+    if (cu->flash_part_bytes)
+        cu->flash_part = (float *)dev_alloc(cu, cu->flash_part_bytes, "attention scratch");
     cu->gdn_y = (uint16_t *)dev_alloc(cu, T * c->conv_dim * 2, "deltanet scratch");
     cu->gdn_qk = (float *)dev_alloc(cu, T * 2 * Hk * dk * sizeof(float), "deltanet scratch");
     cu->gdn_bg = (float *)dev_alloc(cu, T * Hv * 2 * sizeof(float), "deltanet scratch");

@@ -265,16 +265,20 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
 /* ---- prefill -------------------------------------------------------------------------------- */
 
 /* Conv + SiLU for GDN_CONV_TT tokens from blockIdx.y * GDN_CONV_TT and one dk-wide head of
- * channels (blockIdx.x < conv_dim / dk), a thread per channel sliding along the tokens (each
- * input read once, all of them in flight at once), then for q/k heads the L2 norm of each token;
- * the extra block row blockIdx.x == conv_dim / dk computes beta and g. (A block per token, as
- * before run 180, was latency-bound: 266k blocks of a few loads each for a 4,096-token 4B layer.)
+ * channels (blockIdx.x < conv_dim / dk), a thread per CPT adjacent channels sliding along the
+ * tokens (each input read once, all of them in flight at once; CPT 2 where dk allows: one
+ * 4-byte load per token for both), then for q/k heads the L2 norm of each token; the extra
+ * block row blockIdx.x == conv_dim / dk computes beta and g. (A block per token, as before run
+ * 180, was latency-bound: 266k blocks of a few loads each for a 4,096-token 4B layer; a thread
+ * per channel, runs 180-186, issue-bound: IPC 2.45 at 22% of DRAM's bandwidth.)
  * Bytes: ~2 T conv_dim (x, once) + 4 T (2 key_dim) + 2 T value_dim; FLOPs: ~12 T conv_dim. */
 #define GDN_CONV_TT 16
+template <int CPT>
 static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, const uint16_t *proj,
                                        const uint16_t *conv_state, const uint16_t *conv_w,
                                        const float *A_log, const float *dt_bias, const int32_t *pos,
                                        int T, int Hk, int Hv, int dk, int conv_dim, int value_dim) {
+    static_assert(CPT == 1 || CPT == 2, "channels a thread: 1 or 2");
     constexpr int TT = GDN_CONV_TT;
     __shared__ float red[TT][32];
     const int t0 = blockIdx.y * TT, hb = blockIdx.x, tid = threadIdx.x, nt = min(TT, T - t0);
@@ -289,34 +293,63 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
         }
         return;
     }
-    const int ch = hb * dk + tid; /* blockDim.x == dk */
-    float w[4], x[TT + 3], y[TT];
+    const int cl = tid * CPT, ch = hb * dk + cl; /* blockDim.x == dk / CPT */
+    float w[CPT][4], x[TT + 3][CPT], y[TT][CPT];
 #pragma unroll
-    for (int j = 0; j < 4; j++) w[j] = bf2f(conv_w[(size_t)ch * 4 + j]);
+    for (int c = 0; c < CPT; c++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) w[c][j] = bf2f(conv_w[(size_t)(ch + c) * 4 + j]);
     const int p0 = *pos;
 #pragma unroll
     for (int j = 0; j < TT + 3; j++) { /* inputs of tokens t0 - 3 .. t0 + TT - 1; < 0: from the ring */
         const int s = t0 - 3 + j;
-        x[j] = s >= T ? 0.0f : s >= 0 ? bf2f(proj[(size_t)s * row + ch]) : bf2f(conv_state[(size_t)ch * 4 + ((p0 + s) & 3)]);
+        if (s >= T) {
+#pragma unroll
+            for (int c = 0; c < CPT; c++) x[j][c] = 0.0f;
+        } else if (s >= 0) {
+            const uint16_t *src = proj + (size_t)s * row + ch;
+            if (CPT == 2) {
+                const uint32_t v = *(const uint32_t *)src;
+                x[j][0] = lo_bf(v);
+                x[j][CPT - 1] = hi_bf(v);
+            } else {
+                x[j][0] = bf2f(src[0]);
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < CPT; c++) x[j][c] = bf2f(conv_state[(size_t)(ch + c) * 4 + ((p0 + s) & 3)]);
+        }
     }
 #pragma unroll
-    for (int i = 0; i < TT; i++) {
-        float acc = 0.0f;
+    for (int i = 0; i < TT; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) acc += w[j] * x[i + j];
-        y[i] = bfr(silu_f(bfr(acc)));
-    }
+        for (int c = 0; c < CPT; c++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc += w[c][j] * x[i + j][c];
+            y[i][c] = bfr(silu_f(bfr(acc)));
+        }
     if (hb >= 2 * Hk) {
 #pragma unroll
-        for (int i = 0; i < TT; i++)
-            if (i < nt) ybuf[(size_t)(t0 + i) * conv_dim + ch] = f2bf(y[i]);
+        for (int i = 0; i < TT; i++) {
+            if (i >= nt) break;
+            uint16_t *dst = ybuf + (size_t)(t0 + i) * conv_dim + ch;
+            if (CPT == 2)
+                *(uint32_t *)dst = pack_bf(y[i][0], y[i][CPT - 1]);
+            else
+                dst[0] = f2bf(y[i][0]);
+        }
         return;
     }
     const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, nw = blockDim.x / WARP_SIZE;
     { /* the TT sums of squares over the warp at once: lane l ends with token l / (WARP_SIZE / TT)'s */
         float sq[TT];
 #pragma unroll
-        for (int i = 0; i < TT; i++) sq[i] = y[i] * y[i];
+        for (int i = 0; i < TT; i++) {
+            sq[i] = y[i][0] * y[i][0];
+#pragma unroll
+            for (int c = 1; c < CPT; c++) sq[i] += y[i][c] * y[i][c];
+        }
         const float ss = warp_sum_scatter<TT>(sq);
         if (lane % (WARP_SIZE / TT) == 0) red[lane / (WARP_SIZE / TT)][wid] = ss;
     }
@@ -328,7 +361,11 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
         float ss = 0.0f;
         for (int k = 0; k < nw; k++) ss += red[i][k];
         const float inv = 1.0f / sqrtf(ss + 1e-6f);
-        qk[((size_t)(t0 + i) * 2 * Hk + hb) * dk + tid] = y[i] * inv * scale;
+        float *dst = qk + ((size_t)(t0 + i) * 2 * Hk + hb) * dk + cl;
+        if (CPT == 2)
+            *(float2 *)dst = make_float2(y[i][0] * inv * scale, y[i][CPT - 1] * inv * scale);
+        else
+            dst[0] = y[i][0] * inv * scale;
     }
 }
 
@@ -1089,9 +1126,15 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
     CHECK(snap.n >= 0 && snap.n <= BACKEND_MAX_SNAPS);
     for (int i = 0; i < snap.n; i++)
         CHECK(snap.t[i] > (i ? snap.t[i - 1] : 0) && snap.t[i] <= T && (snap.t[i] % GDN_C == 0 || snap.t[i] == T));
-    gdn_conv_kernel<<<dim3(conv_dim / dk + 1, (T + GDN_CONV_TT - 1) / GDN_CONV_TT), dk, 0, cu->stream>>>(
-        cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj, conv_state, conv_w, A_log, dt_bias, pos, T, Hk,
-        Hv, dk, conv_dim, c->value_dim);
+    const dim3 conv_grid(conv_dim / dk + 1, (T + GDN_CONV_TT - 1) / GDN_CONV_TT);
+    if (dk % (2 * WARP_SIZE) == 0)
+        gdn_conv_kernel<2><<<conv_grid, dk / 2, 0, cu->stream>>>(cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj,
+                                                              conv_state, conv_w, A_log, dt_bias, pos, T,
+                                                              Hk, Hv, dk, conv_dim, c->value_dim);
+    else
+        gdn_conv_kernel<1><<<conv_grid, dk, 0, cu->stream>>>(cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj,
+                                                          conv_state, conv_w, A_log, dt_bias, pos, T, Hk,
+                                                          Hv, dk, conv_dim, c->value_dim);
     GPU_LAUNCHED();
     if (snap.n) {
         gdn_conv_snap_kernel<<<dim3((conv_dim + 255) / 256, snap.n), 256, 0, cu->stream>>>(

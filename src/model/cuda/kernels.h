@@ -140,6 +140,8 @@ struct cuda {
                            0: split-KV always; backend_cuda_test_knobs) */
     int flash_wg;       /* prefill attention by attn_flash_wg_kernel (wgmma): built for sm_90a and
                            running on compute capability 9.0; 0: attn_flash_kernel (mma.sync) */
+    float *flash_part;  /* its split-KV partials (cuda_flash_part_bytes) */
+    size_t flash_part_bytes;
     int attn_mode;      /* decode attention kernels to launch: 0 short, 1 split, -1 both
                            (op_graph_variant sets it for one step) */
     const uint16_t *attn_q_norm, *attn_k_norm; /* decode: recorded by cuda_attn_prep(T = 1) for
@@ -266,6 +268,7 @@ struct cuda_attn_rows {
 void cuda_attn_decode_rows(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
                            const uint16_t *qkv, const struct cuda_attn_rows *rows,
                            const int32_t *pos, int B);
+size_t cuda_flash_part_bytes(const struct cuda *cu, const struct config *c);
 void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
                        const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                        const uint16_t *v_cache, const int32_t *pos, int T);
