@@ -785,6 +785,12 @@ static __device__ __forceinline__ void fa_load_tile(uint16_t *dst, const uint16_
     }
 }
 
+/* the last key of the thread's two rows r0 and r0 + 8 (rows past the tile's tokens: a clamped
+ * token's) */
+static __device__ __forceinline__ void fa_row_limits(int (&lim)[2], int r0, int p0, int t0, int TQ, int T, int G) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) lim[hr] = p0 + min(t0 + min((r0 + 8 * hr) / G, TQ - 1), T - 1);
+}
 /* The warp's S tile (16 rows x FA_BN keys, mma / wgmma accumulator layout) from scores to
  * weights: scaled to base 2, keys past each row's last masked (only in tiles that reach past
  * the tile's first token), the running max m and sum l of the thread's two rows updated, corr the
@@ -909,13 +915,8 @@ attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const u
     fa_load_tile<HD>(Ks, kc, 0, n_keys);
     cp_async_commit();
 
-    /* this thread's two rows (g8 and g8 + 8 of the warp's 16) and their last keys */
     int lim[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int r = wid * 16 + g8 + 8 * hr;
-        lim[hr] = p0 + min(t0 + min(r / G, TQ - 1), T - 1);
-    }
+    fa_row_limits(lim, wid * 16 + g8, p0, t0, TQ, T, G);
     float o[2 * KS][4];
 #pragma unroll
     for (int n = 0; n < 2 * KS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -1068,11 +1069,7 @@ attn_flash_wg_kernel(uint16_t *out, float *part, const uint16_t *q, const uint16
     cp_async_commit();
 
     int lim[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int r = wid * 16 + g8 + 8 * hr;
-        lim[hr] = p0 + min(t0 + min(r / G, TQ - 1), T - 1);
-    }
+    fa_row_limits(lim, wid * 16 + g8, p0, t0, TQ, T, G);
     float o[2 * KS][4];
 #pragma unroll
     for (int n = 0; n < 2 * KS; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
