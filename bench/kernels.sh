@@ -9,15 +9,22 @@
 #   run(carry=[".carry/kernels"]): TESTS="4B demo" BENCH="4b 9b" bash bench/kernels.sh run
 #
 # Env of run (every step optional; each writes its files under $OUT and prints a digest):
-#   TESTS       test_cuda sizes, in order (4B demo 0.8B 9B 27B); default "4B demo 0.8B 27B", "-": none
+#   TESTS       test_cuda sizes, in order (4B demo 0.8B 9B 27B); default "4B demo 0.8B 27B", "-": none;
+#               SIZE@VAR=VALUE[:VAR2=VALUE2] runs that size under that environment
 #   TEST_ENV    VAR=VALUE words test_cuda runs under (an experiment's switch)
 #   BENCH       random checkpoints to `strata bench` (0.8b 2b 4b 9b); default 4b, "-": none
 #   BENCH_ARGS  default "--reps 3" (the full bench: pp512, 4k / 16k / 32k prefill, per-op tables)
 #   BENCH_GREP  an egrep of the bench lines printed (default: the summary and prefill lines)
 #   AB          variants compared by `strata bench --pp-at $PPAT` on 4b, in order, ABR rounds:
 #               VAR=VALUE[:VAR2=VALUE2] words, "-" for none; PPAT default 0:4096,0:16384
-#   NCU         a kernel-name regex profiled by ncu (NCU_COUNT launches, default 4)
+#   NCU         a kernel-name regex profiled by ncu (NCU_COUNT launches, default 4) in a 4,096-token
+#               4B prefill, or in `strata $NCU_CMD` (e.g. "bench --model /dev/shm/strata-models/4b
+#               --ctx 8192 --batch 4")
 #   COMPARE     sizes for compare_transformers.py compare --long 2048 (0.8b 4b)
+#   BATCH       variants of `strata bench --model 4b --ctx 8192 --batch $BATCHES` (default
+#               1,2,3,4,8,12,16), in order: VAR=VALUE[:VAR2=VALUE2] words, "-" for none, "base"
+#               for the binary in .carry/base (another tree's `stage`, copied there)
+#   CONC        variants (as BATCH's) of bench/multiturn.sh concurrency (1-64 streaming clients)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=.carry/kernels
@@ -48,7 +55,7 @@ esac
 
 OUT=${OUT:-/tmp/strata-gpu-out}
 mkdir -p "$OUT"
-for f in "$DIR"/*.xz; do xz -dkf "$f" && chmod +x "${f%.xz}"; done
+for f in "$DIR"/*.xz .carry/base/*.xz; do [ -f "$f" ] && xz -dkf "$f" && chmod +x "${f%.xz}"; done
 source bench/server-debs.sh unpack /tmp/kernels-root
 BIN=$DIR
 M=/dev/shm/strata-models
@@ -59,16 +66,20 @@ BENCH=${BENCH:-4b}
 need=$BENCH
 [ -n "${AB:-}" ] && need="$need 4b"
 [ -n "${NCU:-}" ] && need="$need 4b"
+[ -n "${BATCH:-}${CONC:-}" ] && need="$need 4b"
 # the checkpoints, made while test_cuda runs
 (for s in $(echo $need | tr ' ' '\n' | sort -u); do
     [ -f $M/$s/config.json ] || python3 tools/compare_transformers.py random --size "$s" --out "$M/$s" 2>&1 | tail -1
 done) >"$OUT/models.txt" 2>&1 &
 mk=$!
-for s in $TESTS; do
+for w in $TESTS; do # SIZE, or SIZE@VAR=VALUE[:VAR2=VALUE2] (that size under that environment)
+    s=${w%%@*} e=
+    [ "$s" != "$w" ] && e=${w#*@} && e=${e//:/ }
     t0=$(date +%s)
-    env ${TEST_ENV:-} timeout 300 "$BIN/test_cuda" "$s" >"$OUT/test_cuda-$s.txt" 2>&1
-    echo "== test_cuda $s: rc $?, $(($(date +%s) - t0)) s: $(tail -1 "$OUT/test_cuda-$s.txt")"
-    grep FAIL "$OUT/test_cuda-$s.txt" | head -20
+    f=$OUT/test_cuda-${w//[^A-Za-z0-9._-]/_}.txt
+    env ${TEST_ENV:-} $e timeout 300 "$BIN/test_cuda" "$s" >"$f" 2>&1
+    echo "== test_cuda $w: rc $?, $(($(date +%s) - t0)) s: $(tail -1 "$f")"
+    grep FAIL "$f" | head -20
 done
 wait $mk
 cat "$OUT/models.txt"
@@ -88,12 +99,32 @@ if [ -n "${AB:-}" ]; then
         done
     done
 fi
+# a variant word: its binary ($vbin) and environment ($venv)
+variant() {
+    vbin=$BIN/strata venv=
+    case "$1" in
+    -) ;;
+    base) vbin=.carry/base/strata ;;
+    *) venv=${1//:/ } ;;
+    esac
+}
+for v in ${BATCH:-}; do
+    variant "$v"
+    echo "== batch $v"
+    env $venv timeout 200 "$vbin" bench --model "$M/4b" --ctx 8192 --batch "${BATCHES:-1,2,3,4,8,12,16}" 2>&1 |
+        tee -a "$OUT/batch-${v//[^A-Za-z0-9._-]/_}.txt" | grep -E "^\| [0-9]|per-op|gemm|gemv|gdn|attention|norm|total"
+done
+for v in ${CONC:-}; do
+    variant "$v"
+    echo "== concurrency $v"
+    env $venv SBIN=$vbin OUT=$OUT/conc-${v//[^A-Za-z0-9._-]/_} bash bench/multiturn.sh concurrency 2>&1 | grep -E "^\||clients:|arriving"
+done
 if [ -n "${NCU:-}" ]; then
     NCUB=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     ids=$(python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(1000, 200000)) for _ in range(4096)))")
     timeout 300 "$NCUB" -k "regex:$NCU" -c "${NCU_COUNT:-4}" --section SpeedOfLight --section WarpStateStats \
         --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-        "$BIN/strata" run --model "$M/4b" --prompt-ids "$ids" -n 1 --ctx 8192 --backend cuda >"$OUT/ncu.txt" 2>&1
+        "$BIN/strata" ${NCU_CMD:-run --model "$M/4b" --prompt-ids "$ids" -n 1 --ctx 8192 --backend cuda} >"$OUT/ncu.txt" 2>&1
     echo "== ncu: rc $?"
     grep -E "^  [a-z_ ]+<?.*\(|Duration|Throughput|Warp Cycles|Achieved Occupancy|Issued Ipc|Registers Per|L2 Hit" "$OUT/ncu.txt" | head -120
 fi

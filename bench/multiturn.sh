@@ -30,7 +30,7 @@ setup() {
 serve() {
     local port=$1 log=$2
     shift 2
-    .carry/server/strata serve --model "$M" --tokenizer-dir demo --backend cuda --port "$port" "$@" >"$log" 2>&1 &
+    ${SBIN:-.carry/server/strata} serve --model "$M" --tokenizer-dir demo --backend cuda --port "$port" "$@" >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.2; done
 }

@@ -234,15 +234,16 @@ static void check_swiglu(struct pair *p, const char *tag, int T, int I, int K) {
     free(x), free(w), free(nw_), free(res[0]), free(res[1]);
 }
 
-/* The GEMVs between two mixers of a decode step, as model.c issues them (out_proj + residual,
- * norm + gate/up + SwiGLU, down + residual, the next layer's norm + input projection), each
- * reading what the one before wrote: after one pass against the CPU backend (tolerance as
- * above), then recorded as a graph and replayed twice more (the residual keeps accumulating),
+/* The GEMVs between two mixers of a decode step (T = 1; T > 1: a batched step's rows GEMMs), as
+ * model.c issues them (out_proj + residual, norm + gate/up + SwiGLU, down + residual, the next
+ * layer's norm + input projection), each reading what the one before wrote (with programmatic
+ * dependent launch, starting before it ends): after one pass against the CPU backend (tolerance
+ * as above), then recorded as a graph and replayed twice more (the residual keeps accumulating),
  * and the CUDA result of those three passes must equal three plain passes bit for bit. */
-static void check_chain(struct pair *p, const struct config *c, const char *tag) {
+static void check_chain(struct pair *p, const struct config *c, const char *tag, int T) {
     int H = c->hidden_size, I = c->intermediate_size, V = c->value_dim;
     int R = c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads;
-    uint16_t *h = rand_bf16(H, 2.0f), *mix = rand_bf16(V, 2.0f);
+    uint16_t *h = rand_bf16((size_t)T * H, 2.0f), *mix = rand_bf16((size_t)T * V, 2.0f);
     uint16_t *wo = rand_bf16((size_t)H * V, 0.05f), *wgu = rand_bf16((size_t)2 * I * H, 0.05f);
     uint16_t *wd = rand_bf16((size_t)H * I, 0.05f), *wi = rand_bf16((size_t)R * H, 0.05f);
     uint16_t *n1 = rand_bf16(H, 0.5f), *n2 = rand_bf16(H, 0.5f);
@@ -251,27 +252,29 @@ static void check_chain(struct pair *p, const struct config *c, const char *tag)
     for (int b = 0; b < 3; b++) {
         struct backend *be = bes[b];
         const struct backend_ops *op = be->ops;
-        uint16_t *dh = up(be, h, H * 2), *dmix = up(be, mix, V * 2), *dwo = up(be, wo, (size_t)H * V * 2);
+        uint16_t *dh = up(be, h, (size_t)T * H * 2), *dmix = up(be, mix, (size_t)T * V * 2);
+        uint16_t *dwo = up(be, wo, (size_t)H * V * 2);
         uint16_t *dwgu = up(be, wgu, (size_t)2 * I * H * 2), *dwd = up(be, wd, (size_t)H * I * 2);
         uint16_t *dwi = up(be, wi, (size_t)R * H * 2), *dn1 = up(be, n1, H * 2), *dn2 = up(be, n2, H * 2);
-        uint16_t *dmlp = op->alloc(be, (size_t)I * 2), *dproj = op->alloc(be, (size_t)R * 2);
-        if (b > 0) poison(be, dmlp, (size_t)I * 2), poison(be, dproj, (size_t)R * 2);
+        uint16_t *dmlp = op->alloc(be, (size_t)T * I * 2), *dproj = op->alloc(be, (size_t)T * R * 2);
+        if (b > 0) poison(be, dmlp, (size_t)T * I * 2), poison(be, dproj, (size_t)T * R * 2);
         int graph = b == 1; /* b == 2: the same backend, ops run directly */
         for (int r = 0; r < 3; r++) {
             if (r == 1) {
-                res_h[b] = down(be, dh, H * 2);
-                res_p[b] = down(be, dproj, (size_t)R * 2);
+                res_h[b] = down(be, dh, (size_t)T * H * 2);
+                res_p[b] = down(be, dproj, (size_t)T * R * 2);
             }
-            if (graph && r > 1 && op->graph_replay(be, 7 + b)) continue;
-            if (graph && r > 0) op->graph_begin(be, 7 + b);
-            op->matmul(be, dh, dmix, NULL, dwo, 1, H, V, 1);
-            op->matmul_swiglu(be, dmlp, dh, dn1, dwgu, 1, I, H);
-            op->matmul(be, dh, dmlp, NULL, dwd, 1, H, I, 1);
-            op->matmul(be, dproj, dh, dn2, dwi, 1, R, H, 0);
-            if (graph && r > 0) op->graph_end(be, 7 + b);
+            const int key = 7 + b + 10 * T;
+            if (graph && r > 1 && op->graph_replay(be, key)) continue;
+            if (graph && r > 0) op->graph_begin(be, key);
+            op->matmul(be, dh, dmix, NULL, dwo, T, H, V, 1);
+            op->matmul_swiglu(be, dmlp, dh, dn1, dwgu, T, I, H);
+            op->matmul(be, dh, dmlp, NULL, dwd, T, H, I, 1);
+            op->matmul(be, dproj, dh, dn2, dwi, T, R, H, 0);
+            if (graph && r > 0) op->graph_end(be, key);
         }
-        res3_h[b] = down(be, dh, H * 2);
-        res3_p[b] = down(be, dproj, (size_t)R * 2);
+        res3_h[b] = down(be, dh, (size_t)T * H * 2);
+        res3_p[b] = down(be, dproj, (size_t)T * R * 2);
         void *bufs[] = {dh, dmix, dwo, dwgu, dwd, dwi, dn1, dn2, dmlp, dproj};
         for (int i = 0; i < 10; i++) op->free(be, bufs[i]);
     }
@@ -280,13 +283,15 @@ static void check_chain(struct pair *p, const struct config *c, const char *tag)
      * apart moves every element of h and then of the projection a little, and an output that
      * nearly cancels keeps that absolute error: 2^-5 relative + 2^-6 of the RMS per element,
      * 1e-2 relative L2 (seen: <= 3.4e-3) */
-    snprintf(what, sizeof what, "%s 4 dependent GEMVs, residual", tag);
-    EXPECT(close_bf16_tol3(what, res_h[1], res_h[0], H, 1.0 / 32, 1.0 / 64, 1e-2), "%s", what);
-    snprintf(what, sizeof what, "%s 4 dependent GEMVs, next input proj", tag);
-    EXPECT(close_bf16_tol3(what, res_p[1], res_p[0], R, 1.0 / 32, 1.0 / 64, 1e-2), "%s", what);
-    int same = !memcmp(res3_h[1], res3_h[2], H * 2) && !memcmp(res3_p[1], res3_p[2], (size_t)R * 2);
-    printf("  %-44s %s\n", "x3 as a graph vs x3 direct", same ? "bit-identical" : "DIFFER  <-- FAIL");
-    EXPECT(same, "%s GEMVs replayed as a graph differ from direct runs", tag);
+    snprintf(what, sizeof what, "%s 4 dependent GEMVs T=%d, residual", tag, T);
+    EXPECT(close_bf16_tol3(what, res_h[1], res_h[0], (size_t)T * H, 1.0 / 32, 1.0 / 64, 1e-2), "%s", what);
+    snprintf(what, sizeof what, "%s 4 dependent GEMVs T=%d, next input proj", tag, T);
+    EXPECT(close_bf16_tol3(what, res_p[1], res_p[0], (size_t)T * R, 1.0 / 32, 1.0 / 64, 1e-2), "%s", what);
+    int same = !memcmp(res3_h[1], res3_h[2], (size_t)T * H * 2) &&
+               !memcmp(res3_p[1], res3_p[2], (size_t)T * R * 2);
+    snprintf(what, sizeof what, "x3 as a graph vs x3 direct, T=%d", T);
+    printf("  %-44s %s\n", what, same ? "bit-identical" : "DIFFER  <-- FAIL");
+    EXPECT(same, "%s GEMVs (T = %d) replayed as a graph differ from direct runs", tag, T);
     free(h), free(mix), free(wo), free(wgu), free(wd), free(wi), free(n1), free(n2);
     for (int b = 0; b < 3; b++) free(res_h[b]), free(res_p[b]), free(res3_h[b]), free(res3_p[b]);
 }
@@ -793,7 +798,10 @@ static void check_size(const char *size) {
     check_matmul(&p, size, 5, 1000, H, 1, 1); /* rows: a partly filled last tile */
     check_matmul(&p, size, 8, 1001, H, 0, 0);
     check_swiglu(&p, size, 6, 1001, H);
-    check_chain(&p, &c, size);
+    check_chain(&p, &c, size, 1);
+    check_chain(&p, &c, size, 2);
+    check_chain(&p, &c, size, 5);
+    check_chain(&p, &c, size, 12);
     { /* a performance invariant, not a result: the decode DeltaNet step's block starts beside the
        * in_proj GEMV's two (runs 50, 52: 4B lost 2-4% when a GEMV change broke this) */
         char res[160];

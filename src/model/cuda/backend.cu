@@ -488,14 +488,9 @@ static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, cons
              cuda_gemv(cu, out, x, norm_w, W, N, K, eps, accumulate, 0));
         return;
     }
-    if (cuda_gemv_rows_ok(cu, T, K)) {
-        PROF(norm_w ? "gemv rows (rmsnorm)" : "gemv rows (+residual)",
-             cuda_gemv_rows(cu, out, x, norm_w, W, T, N, K, eps, accumulate, 0));
-        return;
-    }
     if (cuda_gemm_rows_ok(cu, T, K)) { /* a batched step's rows: the weights once */
         PROF(norm_w ? "gemm rows (rmsnorm)" : "gemm rows (+residual)",
-             cuda_gemm_rows(cu, out, normed(cu, x, norm_w, T, K, eps), W, T, N, K, accumulate, 0));
+             cuda_gemm_rows(cu, out, x, norm_w, W, T, N, K, eps, accumulate, 0));
         return;
     }
     cuda_prof_begin(cu, "gemm (prefill)");
@@ -519,13 +514,9 @@ static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *
         PROF("gemv gate+up+silu", cuda_gemv(cu, out, x, norm_w, W_gu, I, K, eps, 0, 1));
         return;
     }
-    if (cuda_gemv_rows_ok(cu, T, K)) {
-        PROF("gemv rows gate+up+silu", cuda_gemv_rows(cu, out, x, norm_w, W_gu, T, I, K, eps, 0, 1));
-        return;
-    }
     if (cuda_gemm_rows_ok(cu, T, K)) {
         PROF("gemm rows gate+up+silu",
-             cuda_gemm_rows(cu, out, normed(cu, x, norm_w, T, K, eps), W_gu, T, I, K, 0, 1));
+             cuda_gemm_rows(cu, out, x, norm_w, W_gu, T, I, K, eps, 0, 1));
         return;
     }
     cuda_prof_begin(cu, "gemm swiglu (prefill)");

@@ -226,17 +226,12 @@ void cuda_gemv_gated(struct cuda *cu, uint16_t *out, const uint16_t *o, const fl
 int cuda_gemv_early(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                     const uint16_t *W, int N, int K, float eps, const struct cuda_early *e);
 long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm);
-/* T = 2 rows (a batched decode step of two sequences): out (T, N) as cuda_gemv's, the weights
- * streamed once for both rows, where cuda_gemv_rows_ok. */
-int cuda_gemv_rows_ok(const struct cuda *cu, int T, int K);
-void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
-                    const uint16_t *W, int T, int N, int K, float eps, int accumulate, int swiglu);
-/* A batched decode step's 3..8 rows on tensor cores, x already normalised: out (T, N) =
- * bf16(x W^T) (accumulate: bf16(out + that); swiglu: W (2N, K) = [gate; up], out (T, N) the
- * SwiGLU), where cuda_gemm_rows_ok. */
+/* A batched decode step's rows (2..8) on tensor cores: out (T, N) = bf16(xn W^T), xn =
+ * norm_w ? rmsnorm(x) : x (accumulate: bf16(out + that); swiglu: W (2N, K) = [gate; up], out
+ * (T, N) the SwiGLU), where cuda_gemm_rows_ok. */
 int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K);
-void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W, int T,
-                    int N, int K, int accumulate, int swiglu);
+void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                    const uint16_t *W, int T, int N, int K, float eps, int accumulate, int swiglu);
 void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n);
 void cuda_argmax_rows(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int B);
 void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I);

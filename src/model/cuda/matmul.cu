@@ -700,156 +700,10 @@ extern "C" void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, 
     cu->n_launches++;
 }
 
-/* Two rows at once (a batched decode step of 2 sequences): the weights streamed once for both
- * rows, as the decode GEMV streams them for one. The block stages the B rows of x in shared
- * memory (normalised as cpu.c's rmsnorm_row: a warp per row), then each warp takes a row pair
- * (a gate row and its up row for SwiGLU) at a time, its lanes streaming U 16-byte words of both
- * rows per iteration (the next iteration's loads issued before this one's arithmetic) against
- * every staged row; lane b writes row b's outputs: bf16(y), bf16(out + bf16(y)) with accumulate,
- * bf16(bf16(silu(bf16(gate))) * bf16(up)) for SwiGLU: cpu.c's rounding points. CUDA cores: R
- * FMAs a weight for R rows, and the FMAs, not the bytes, bound it from 3 rows on. Run 163 (4B
- * batched step, R = 2 / 4 / 8 instances against cuBLAS + the norm / add / SwiGLU kernels): B 2
- * 3.25 ms against 3.49, B 3 3.48 (cuBLAS ~3.5), B 4 3.73 against 3.57, B 8 5.77 against 3.83:
- * kept for 2 rows only. Bytes: 2 N K (4 I K SwiGLU) + 2 B K per block + 2 B N (x2 accumulating). */
-#define ROWS_THREADS 256
-#define ROWS_U 4
-template <int R>
-static __global__ void __launch_bounds__(ROWS_THREADS)
-gemv_rows_kernel(uint16_t *out, const uint16_t *x, const uint16_t *norm_w, const uint16_t *W, int N,
-                 int K, int B, int accumulate, int swiglu, float eps) {
-    extern __shared__ uint4 xs4[]; /* (B, K / 8) */
-    const int K8 = K / 8, wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    constexpr int WARPS = ROWS_THREADS / WARP_SIZE, U = ROWS_U;
-    for (int b = wid; b < B; b += WARPS) {
-        const uint4 *xr = (const uint4 *)(x + (size_t)b * K);
-        uint4 *xd = xs4 + (size_t)b * K8;
-        float ss = 0.0f;
-        for (int i = lane; i < K8; i += WARP_SIZE) {
-            const uint4 v = xr[i];
-            xd[i] = v;
-            float f[8];
-            unpack8(v, f);
-#pragma unroll
-            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
-        }
-        if (!norm_w) continue;
-        const float r = 1.0f / sqrtf(warp_sum(ss) / (float)K + eps);
-        for (int i = lane; i < K8; i += WARP_SIZE) {
-            float f[8], g[8];
-            unpack8(xd[i], f);
-            unpack8(((const uint4 *)norm_w)[i], g);
-            uint4 o;
-            o.x = pack_bf(f[0] * r * (1.0f + g[0]), f[1] * r * (1.0f + g[1]));
-            o.y = pack_bf(f[2] * r * (1.0f + g[2]), f[3] * r * (1.0f + g[3]));
-            o.z = pack_bf(f[4] * r * (1.0f + g[4]), f[5] * r * (1.0f + g[5]));
-            o.w = pack_bf(f[6] * r * (1.0f + g[6]), f[7] * r * (1.0f + g[7]));
-            xd[i] = o;
-        }
-    }
-    __syncthreads();
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    const int n_pairs = swiglu ? N : (N + 1) / 2;
-    for (int p = blockIdx.x * WARPS + wid; p < n_pairs; p += gridDim.x * WARPS) {
-        int r0, r1;
-        bool has1;
-        if (swiglu) gemv_rows<true>(p, N, r0, r1, has1);
-        else gemv_rows<false>(p, N, r0, r1, has1);
-        const uint4 *w0 = (const uint4 *)(W + (size_t)r0 * K), *w1 = (const uint4 *)(W + (size_t)r1 * K);
-        float a0[R], a1[R];
-#pragma unroll
-        for (int b = 0; b < R; b++) a0[b] = a1[b] = 0.0f;
-        uint4 A[U], Bw[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = lane + u * WARP_SIZE;
-            A[u] = i < K8 ? load_stream(w0 + i) : zero;
-            Bw[u] = i < K8 ? load_stream(w1 + i) : zero;
-        }
-        for (int k = lane; k < K8; k += U * WARP_SIZE) {
-            uint4 An[U], Bn[U]; /* the next iteration's words, in flight during this one's sums */
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int i = k + (U + u) * WARP_SIZE;
-                An[u] = i < K8 ? load_stream(w0 + i) : zero;
-                Bn[u] = i < K8 ? load_stream(w1 + i) : zero;
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int i = k + u * WARP_SIZE;
-                if (i >= K8) break;
-                float fa[8], fb[8];
-                unpack8(A[u], fa);
-                unpack8(Bw[u], fb);
-#pragma unroll
-                for (int b = 0; b < R; b++) {
-                    if (b >= B) break;
-                    float fx[8];
-                    unpack8(xs4[(size_t)b * K8 + i], fx);
-#pragma unroll
-                    for (int j = 0; j < 8; j++) {
-                        a0[b] = fmaf(fa[j], fx[j], a0[b]);
-                        a1[b] = fmaf(fb[j], fx[j], a1[b]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) A[u] = An[u], Bw[u] = Bn[u];
-        }
-        float y0 = 0.0f, y1 = 0.0f;
-#pragma unroll
-        for (int b = 0; b < R; b++) {
-            if (b >= B) break;
-            const float s0 = warp_sum(a0[b]), s1 = warp_sum(a1[b]);
-            if (lane == b) y0 = s0, y1 = s1;
-        }
-        if (lane >= B) continue;
-        uint16_t *o = out + (size_t)lane * N;
-        if (swiglu) {
-            o[p] = f2bf(bfr(silu_f(bfr(y0))) * bfr(y1));
-        } else {
-            const float m0 = bfr(y0), m1 = bfr(y1);
-            o[r0] = f2bf(accumulate ? bf2f(o[r0]) + m0 : m0);
-            if (has1) o[r1] = f2bf(accumulate ? bf2f(o[r1]) + m1 : m1);
-        }
-    }
-}
-
-template <int R>
-static void launch_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x,
-                             const uint16_t *norm_w, const uint16_t *W, int T, int N, int K,
-                             float eps, int accumulate, int swiglu) {
-    const size_t smem = (size_t)T * K * 2;
-    static int opted; /* per instance: the largest size asked for so far */
-    if (smem > 48 * 1024 && (size_t)opted < smem) {
-        GPU_SMEM_OPTIN(gemv_rows_kernel<R>, smem);
-        opted = (int)smem;
-    }
-    const long pairs = swiglu ? N : (N + 1) / 2, warps = ROWS_THREADS / WARP_SIZE;
-    int occ = gpu_occupancy(gemv_rows_kernel<R>, ROWS_THREADS, smem);
-    if (occ < 1) occ = 1;
-    long blocks = (pairs + warps - 1) / warps;
-    if (blocks > (long)occ * cu->info.n_sm) blocks = (long)occ * cu->info.n_sm;
-    gemv_rows_kernel<R><<<(unsigned)blocks, ROWS_THREADS, smem, cu->stream>>>(
-        out, x, norm_w, W, N, K, T, accumulate, swiglu, eps);
-    GPU_LAUNCHED();
-    cu->n_launches++;
-}
-
-extern "C" int cuda_gemv_rows_ok(const struct cuda *cu, int T, int K) {
-    return T == 2 && K % 8 == 0 && (size_t)T * K * 2 <= (size_t)cu->info.smem_optin;
-}
-
-extern "C" void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x,
-                               const uint16_t *norm_w, const uint16_t *W, int T, int N, int K,
-                               float eps, int accumulate, int swiglu) {
-    CHECK(cuda_gemv_rows_ok(cu, T, K));
-    launch_gemv_rows<2>(cu, out, x, norm_w, W, T, N, K, eps, accumulate, swiglu);
-}
-
-/* A batched decode step's few rows (3..8) on tensor cores, the weights streamed once: mma
+/* A batched decode step's few rows (2..8) on tensor cores, the weights streamed once: mma
  * m16n8k16 with 16 weight rows as the A operand (SwiGLU: 8 gate rows and their 8 up rows, so a
- * thread holds a gate and its up value) and the rows of x as the 8-wide B operand (NT n tiles:
- * one is used, below).
+ * thread holds a gate and its up value) and the rows of x as the 8-wide B operand (rows past T
+ * zeros).
  * The k order inside a 64-wide chunk is permuted alike for both operands so that each thread
  * loads 16-byte words: thread t of a fragment row holds words t and t + 4 of the chunk (a row's
  * 128 bytes in two whole 64-byte halves), and the fragment pairs of the chunk's 4 k-steps are
@@ -857,39 +711,50 @@ extern "C" void cuda_gemv_rows(struct cuda *cu, uint16_t *out, const uint16_t *x
  * Work: a unit is (16-row tile, slice of K); S warps of a block take the S slices of one tile,
  * the block's 8 / S tiles advance by the grid stride (a persistent grid of the resident
  * blocks). A warp's items (its units' 64-wide chunks, in order) are software-pipelined D deep
- * across units with the x words beside the weight words (x read at the compute step waited on
- * L2 each chunk: runs 169-170, 5-28% slower), so the loads of the next tile are in flight while a
- * tile ends: at a unit's last chunk the S partials meet in shared memory (double-buffered, one
- * barrier) and the tile's first warp writes bf16(y) (bf16(out + bf16(y)) accumulating;
- * bf16(bf16(silu(bf16(gate))) * bf16(up)) SwiGLU): cpu.c's rounding points. x comes normalised
- * (cuda_rmsnorm before, as for cuBLAS: normalising it in this kernel as it is used cost more
- * than the launch it saves, run 171).
- * Bytes: 2 N K (4 I K SwiGLU) + 2 T K per unit (L2) + 2 T N (x2 accumulating); FLOPs
- * 2 (8 NT) N K on the tensor cores (rows past T are zeros). */
+ * across units, so the loads of the next tile are in flight while a tile ends: at a unit's last
+ * chunk the S partials meet in shared memory (double-buffered, one barrier) and the tile's first
+ * warp writes bf16(y) (bf16(out + bf16(y)) accumulating; bf16(bf16(silu(bf16(gate))) * bf16(up))
+ * SwiGLU): cpu.c's rounding points.
+ * x: STAGED (a GEMM with an RMSNorm before it, K the hidden size): each block puts the rows of x
+ * into shared memory normalised (a warp per row, cuda_rmsnorm's arithmetic; rows past T zero),
+ * 64 bytes of padding a row so that a fragment's two rows use different banks, and the
+ * fragments are read from there; the norm's own launch is gone. Otherwise x's words are loaded
+ * from global memory (L2) beside the weight words in the pipeline (x read at the compute step
+ * waited on L2 each chunk: runs 169-170, 5-28% slower).
+ * Programmatic dependent launch, as the GEMV: the weights do not depend on the previous kernel,
+ * so the first D items' weight words (and the norm's weights, into shared memory) are requested
+ * before grid_dependency_wait(), and the block lets the next kernel start its blocks at once.
+ * Bytes: 2 N K (4 I K SwiGLU) + 2 T K per unit (L2; STAGED: per block) + 2 T N (x2
+ * accumulating); FLOPs 16 N K on the tensor cores (rows past T are zeros). */
 #define SK_WARPS 8
-template <int NT, int D>
+#define SK_XPAD 4 /* 16-byte words of padding after each staged row of x */
+struct skinny_args {
+    uint16_t *out;
+    const uint16_t *x, *norm_w, *W;
+    int N, K, T, accumulate, swiglu, S;
+    float eps;
+};
+template <int D, bool STAGED>
 static __global__ void __launch_bounds__(SK_WARPS * WARP_SIZE, 2)
-gemm_skinny_kernel(uint16_t *out, const uint16_t *x, const uint16_t *W, int N, int K, int T,
-                   int accumulate, int swiglu, int S) {
-    __shared__ float red[2][SK_WARPS][NT * 4][WARP_SIZE];
+gemm_skinny_kernel(const struct skinny_args a) {
+    extern __shared__ uint4 xs[]; /* STAGED: (8, K / 8 + SK_XPAD) x, then (K / 8,) norm weights */
+    __shared__ float red[2][SK_WARPS][4][WARP_SIZE];
+    grid_launch_dependents();
+    uint16_t *out = a.out;
+    const int N = a.N, K = a.K, T = a.T, accumulate = a.accumulate, swiglu = a.swiglu, S = a.S;
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane >> 2, t = lane & 3;
     const int G = SK_WARPS / S, s = wid % S, slot = wid / S;
     const int n_tiles = swiglu ? (N + 7) / 8 : (N + 15) / 16;
     const int n_groups = (n_tiles + G - 1) / G;
-    const int K8 = K / 8, per = K / 64 / S, c0 = s * per;
+    const int K8 = K / 8, XS = K8 + SK_XPAD, per = K / 64 / S, c0 = s * per;
     const int n_iter = (int)blockIdx.x < n_groups ? (n_groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
     const int n_items = n_iter * per; /* the same for every warp of the block */
-    const uint4 *W4 = (const uint4 *)W, *x4 = (const uint4 *)x;
+    const uint4 *W4 = (const uint4 *)a.W, *x4 = (const uint4 *)a.x;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    const uint4 *xr[NT];
-    bool xok[NT];
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int n = j * 8 + g;
-        xok[j] = n < T;
-        xr[j] = x4 + (size_t)(xok[j] ? n : 0) * K8;
-    }
+    /* this thread's fragment row of x: global (row g) or staged */
+    const bool xok = STAGED || g < T;
+    const uint4 *xr = STAGED ? xs + (size_t)g * XS : x4 + (size_t)(g < T ? g : 0) * K8;
     /* the fragment rows g and g + 8 of iteration i's tile: their weight rows and validity */
     auto rows_of = [&](int i, int &rA, int &rB, bool &okA, bool &okB) {
         const int tile = ((int)blockIdx.x + i * (int)gridDim.x) * G + slot;
@@ -904,7 +769,7 @@ gemm_skinny_kernel(uint16_t *out, const uint16_t *x, const uint16_t *W, int N, i
             okB = tile < n_tiles && rB < N;
         }
     };
-    uint4 ring[D + 1][4], xring[D + 1][NT][2]; /* an item's weight words and x words */
+    uint4 ring[D + 1][4], xring[D + 1][2]; /* an item's weight words and (global x) x words */
     int ii = 0, ic = 0; /* the issue cursor: iteration, chunk of the slice */
     auto issue_w = [&](uint4 (&r)[4]) {
         if (ii < n_iter) {
@@ -919,86 +784,135 @@ gemm_skinny_kernel(uint16_t *out, const uint16_t *x, const uint16_t *W, int N, i
             r[3] = okB ? load_stream(wb + 4) : zero;
         }
     };
-    auto issue_x = [&](uint4 (&xw)[NT][2], int c) { /* x words of chunk c of the slice */
+    auto issue_x = [&](uint4 (&xw)[2], int c) { /* global x: the words of chunk c of the slice */
+        if (STAGED) return;
         const size_t o = (size_t)(c0 + c) * 8 + t;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            xw[j][0] = xok[j] ? __ldg(xr[j] + o) : zero;
-            xw[j][1] = xok[j] ? __ldg(xr[j] + o + 4) : zero;
-        }
+        xw[0] = xok ? __ldg(xr + o) : zero;
+        xw[1] = xok ? __ldg(xr + o + 4) : zero;
     };
     auto advance = [&]() {
         if (++ic == per) ic = 0, ii++;
     };
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int ci = 0, cc = 0; /* the compute cursor */
-    auto epilogue = [&](const float (&v)[NT][4]) {
+    auto epilogue = [&](const float (&v)[4]) {
         int rA, rB;
         bool okA, okB;
         rows_of(ci, rA, rB, okA, okB);
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int n = j * 8 + 2 * t + h;
-                if (n >= T) continue;
-                uint16_t *o = out + (size_t)n * N;
-                if (swiglu) {
-                    if (okA) o[rA] = f2bf(bfr(silu_f(bfr(v[j][h]))) * bfr(v[j][2 + h]));
-                } else {
-                    const float m0 = bfr(v[j][h]), m1 = bfr(v[j][2 + h]);
-                    if (okA) o[rA] = f2bf(accumulate ? bf2f(o[rA]) + m0 : m0);
-                    if (okB) o[rB] = f2bf(accumulate ? bf2f(o[rB]) + m1 : m1);
-                }
+        for (int h = 0; h < 2; h++) {
+            const int n = 2 * t + h;
+            if (n >= T) continue;
+            uint16_t *o = out + (size_t)n * N;
+            if (swiglu) {
+                if (okA) o[rA] = f2bf(bfr(silu_f(bfr(v[h]))) * bfr(v[2 + h]));
+            } else {
+                const float m0 = bfr(v[h]), m1 = bfr(v[2 + h]);
+                if (okA) o[rA] = f2bf(accumulate ? bf2f(o[rA]) + m0 : m0);
+                if (okB) o[rB] = f2bf(accumulate ? bf2f(o[rB]) + m1 : m1);
             }
+        }
     };
-    auto compute = [&](const uint4 (&r)[4], const uint4 (&xw)[NT][2]) {
+    auto compute = [&](const uint4 (&r)[4], const uint4 (&xg)[2]) {
         const uint32_t a0[4] = {r[0].x, r[2].x, r[0].y, r[2].y}, a1[4] = {r[0].z, r[2].z, r[0].w, r[2].w};
         const uint32_t a2[4] = {r[1].x, r[3].x, r[1].y, r[3].y}, a3[4] = {r[1].z, r[3].z, r[1].w, r[3].w};
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const uint4 xa = xw[j][0], xb = xw[j][1];
-            mma_bf16(acc[j], a0, xa.x, xa.y);
-            mma_bf16(acc[j], a1, xa.z, xa.w);
-            mma_bf16(acc[j], a2, xb.x, xb.y);
-            mma_bf16(acc[j], a3, xb.z, xb.w);
-        }
+        const size_t o = (size_t)(c0 + cc) * 8 + t;
+        const uint4 xa = STAGED ? xr[o] : xg[0], xb = STAGED ? xr[o + 4] : xg[1];
+        mma_bf16(acc, a0, xa.x, xa.y);
+        mma_bf16(acc, a1, xa.z, xa.w);
+        mma_bf16(acc, a2, xb.x, xb.y);
+        mma_bf16(acc, a3, xb.z, xb.w);
         if (++cc < per) return;
         /* the unit's last chunk (at the same item in every warp of the block) */
         if (S > 1) {
             const int buf = ci & 1;
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) red[buf][wid][j * 4 + e][lane] = acc[j][e];
+            for (int e = 0; e < 4; e++) red[buf][wid][e][lane] = acc[e];
             __syncthreads();
             if (s == 0) {
-                float v[NT][4];
+                float v[4];
 #pragma unroll
-                for (int j = 0; j < NT; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float sum = 0.0f;
-                        for (int w = 0; w < S; w++) sum += red[buf][wid + w][j * 4 + e][lane];
-                        v[j][e] = sum;
-                    }
+                for (int e = 0; e < 4; e++) {
+                    float sum = 0.0f;
+                    for (int w = 0; w < S; w++) sum += red[buf][wid + w][e][lane];
+                    v[e] = sum;
+                }
                 epilogue(v);
             }
         } else {
             epilogue(acc);
         }
-#pragma unroll
-        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
         cc = 0;
         ci++;
     };
+    /* before the wait: the first D items' weight words, the norm's weights */
+    int cpre[D];
 #pragma unroll
     for (int d = 0; d < D; d++) {
+        cpre[d] = ic;
         issue_w(ring[d]);
-        issue_x(xring[d], ic);
         advance();
+    }
+    uint4 *nws = xs + (size_t)8 * XS;
+    if (STAGED && a.norm_w) {
+        for (int i = threadIdx.x; i < K8; i += SK_WARPS * WARP_SIZE)
+            cp_async16(smem_addr(nws + i), (const uint4 *)a.norm_w + i, 16);
+        cp_async_commit();
+    }
+    grid_dependency_wait();
+    if (STAGED) {
+        /* warp w stages row w: raw, with its sum of squares, then normalised in place (the
+         * norm's weights are every thread's copies: after the barrier) */
+        float rr;
+        {
+            uint4 *xd = xs + (size_t)wid * XS;
+            float ss = 0.0f;
+            if (wid < T) {
+                const uint4 *xrow = x4 + (size_t)wid * K8;
+                for (int i0 = lane; i0 < K8; i0 += 4 * WARP_SIZE) { /* 4 loads in flight */
+                    uint4 X[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        if (i0 + q * WARP_SIZE < K8) X[q] = xrow[i0 + q * WARP_SIZE];
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        if (i0 + q * WARP_SIZE < K8) {
+                            xd[i0 + q * WARP_SIZE] = X[q];
+                            float f[8];
+                            unpack8(X[q], f);
+#pragma unroll
+                            for (int e = 0; e < 8; e++) ss += f[e] * f[e];
+                        }
+                }
+            } else {
+                for (int i = lane; i < K8; i += WARP_SIZE) xd[i] = zero;
+            }
+            rr = 1.0f / sqrtf(warp_sum(ss) / (float)K + a.eps);
+        }
+        if (a.norm_w) {
+            cp_async_wait_all();
+            __syncthreads();
+            if (wid < T) {
+                uint4 *xd = xs + (size_t)wid * XS;
+                const float r = rr;
+                for (int i = lane; i < K8; i += WARP_SIZE) {
+                    float f[8], w[8];
+                    unpack8(xd[i], f);
+                    unpack8(nws[i], w);
+                    uint4 o;
+                    o.x = pack_bf(f[0] * r * (1.0f + w[0]), f[1] * r * (1.0f + w[1]));
+                    o.y = pack_bf(f[2] * r * (1.0f + w[2]), f[3] * r * (1.0f + w[3]));
+                    o.z = pack_bf(f[4] * r * (1.0f + w[4]), f[5] * r * (1.0f + w[5]));
+                    o.w = pack_bf(f[6] * r * (1.0f + w[6]), f[7] * r * (1.0f + w[7]));
+                    xd[i] = o;
+                }
+            }
+        }
+        __syncthreads();
+    } else {
+#pragma unroll
+        for (int d = 0; d < D; d++) issue_x(xring[d], cpre[d]);
     }
     for (int base = 0; base < n_items; base += D + 1) {
 #pragma unroll
@@ -1014,37 +928,63 @@ gemm_skinny_kernel(uint16_t *out, const uint16_t *x, const uint16_t *W, int N, i
     }
 }
 
-typedef void (*skinny_fn)(uint16_t *, const uint16_t *, const uint16_t *, int, int, int, int, int,
-                          int);
-
-/* Runs 168-172 (4B): each GEMM alone (weights past L2), at 3..8 rows this kernel beat cuBLAS +
- * the add / SwiGLU kernels at every shape (N 2,560: 10-17 us against 23-25; in_proj, gate_up,
- * lm_head by 3-8%), and a batched step of 3..8 took 3.5-3.9% less (3.472 against 3.609 ms at 4).
- * Two n tiles (9..16 rows) won alone where N <= 4,096 but a step of 16 took 2% more in its graph
- * (4.407 against 4.324 ms), so past 8 rows cuBLAS. Two rows: the two-row GEMV (its fused norm:
- * a step of 2 took 3.26 ms against 3.39). */
+/* Runs 168-172 (4B, cuBLAS with the norm as its own kernel, no programmatic dependent launch):
+ * each GEMM alone (weights past L2), at 3..8 rows this kernel beat cuBLAS + the add / SwiGLU
+ * kernels at every shape (N 2,560: 10-17 us against 23-25; in_proj, gate_up, lm_head by 3-8%).
+ * Twenty-fourth session (bench/RESULTS.md): programmatic dependent launch took a step of 4 from
+ * 3.423 to 3.300 ms, the norm staged in the kernel to 3.056; two rows here rather than a two-row
+ * GEMV on CUDA cores, 2.97 against 3.21 ms. Not kept: 9..16 rows as two n tiles (a step of 16
+ * 5.10 ms against cuBLAS's 4.27), 3 or 4 items in flight (3.09 / 3.28 ms), and a stream-K split
+ * of the steps over all blocks (3.32 ms). */
 extern "C" int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K) {
     (void)cu;
-    return T >= 3 && T <= 8 && K % 64 == 0;
+    return T >= 2 && T <= 8 && K % 64 == 0;
 }
 
-extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *W,
-                               int T, int N, int K, int accumulate, int swiglu) {
-    CHECK(cuda_gemm_rows_ok(cu, T, K));
-    const skinny_fn kern = gemm_skinny_kernel<1, 2>;
+/* the staged kernel's shared memory: 8 rows of x with their padding, the norm's weights */
+static size_t skinny_smem(int K) { return ((size_t)8 * (K / 8 + SK_XPAD) + K / 8) * 16; }
+#define SK_STAGED_MAX (96 * 1024) /* two blocks an SM (27B's hidden size 5,120: 92 KiB) */
+
+template <bool STAGED>
+static void launch_skinny(struct cuda *cu, const struct skinny_args &a) {
+    auto kern = gemm_skinny_kernel<2, STAGED>;
+    const size_t smem = STAGED ? skinny_smem(a.K) : 0;
+    static size_t opted, occ_smem; /* per instance: the largest size asked for; occ's size */
     static int occ;
-    if (!occ) {
-        occ = gpu_occupancy(kern, SK_WARPS * WARP_SIZE, 0);
-        if (occ < 1) occ = 1;
+    if (smem && opted < smem) { /* with the static partials' buffer, past 48 KiB from ~40 KiB */
+        GPU_SMEM_OPTIN(kern, smem);
+        opted = smem;
     }
-    int S = SK_WARPS; /* the largest split (run 170: S = 8 as fast or faster at every 4B shape) */
-    while ((K / 64) % S) S /= 2;
-    const long n_tiles = swiglu ? (N + 7) / 8 : (N + 15) / 16, slots = (long)occ * cu->info.n_sm;
-    const long groups = (n_tiles + SK_WARPS / S - 1) / (SK_WARPS / S);
+    if (!occ || occ_smem != smem) {
+        occ = gpu_occupancy(kern, SK_WARPS * WARP_SIZE, smem);
+        if (occ < 1) occ = 1;
+        occ_smem = smem;
+    }
+    const long n_tiles = a.swiglu ? (a.N + 7) / 8 : (a.N + 15) / 16, slots = (long)occ * cu->info.n_sm;
+    const long groups = (n_tiles + SK_WARPS / a.S - 1) / (SK_WARPS / a.S);
     const long blocks = groups < slots ? groups : slots;
-    kern<<<(unsigned)blocks, SK_WARPS * WARP_SIZE, 0, cu->stream>>>(out, x, W, N, K, T, accumulate, swiglu, S);
+    gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(SK_WARPS * WARP_SIZE), smem, cu->stream, a);
     GPU_LAUNCHED();
     cu->n_launches++;
+}
+
+extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
+                               const uint16_t *W, int T, int N, int K, float eps, int accumulate, int swiglu) {
+    CHECK(cuda_gemm_rows_ok(cu, T, K));
+    int S = SK_WARPS; /* the largest split (run 170: S = 8 as fast or faster at every 4B shape) */
+    while ((K / 64) % S) S /= 2;
+    struct skinny_args a = {out, x, norm_w, W, N, K, T, accumulate, swiglu, S, eps};
+    if (norm_w && skinny_smem(K) <= SK_STAGED_MAX) {
+        launch_skinny<true>(cu, a);
+        return;
+    }
+    if (norm_w) { /* x normalised by its own kernel (a hidden size past ~5,800) */
+        CHECK((size_t)T * K <= cu->xn_elems);
+        cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+        a.x = cu->xn;
+        a.norm_w = NULL;
+    }
+    launch_skinny<false>(cu, a);
 }
 
 /* Row buckets: T itself up to 16 (a batched step's rows), then 16 buckets or fewer per doubling,
