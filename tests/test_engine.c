@@ -288,7 +288,7 @@ static void engine_checks(const char *dir, struct tokenizer *tok, int ahead) {
  * matmul sums every row alike in any batch): greedy and sampled, penalties, a stop string, a
  * request cancelled partway, prompts that share a prefix (the cache forks from a sequence
  * another request is using), one longer than a prefill piece, more requests than may run at
- * once (the rest queued). */
+ * once (the rest queued); the decoding rows ride the prompts' pieces (mixed steps). */
 #define N_BATCH 9
 static void batch_checks(const char *dir, struct tokenizer *tok, int ahead) {
     struct error err;
@@ -352,7 +352,10 @@ static void batch_checks(const char *dir, struct tokenizer *tok, int ahead) {
                 engine_set_prefix_reuse(e, 1);
             }
         } else {
+            const long mixed0 = model_n_mixed(m);
             EXPECT(engine_generate_many(e, rq, res, errs, N_BATCH) == N_BATCH, "all started");
+            /* prompts admitted while others decode: their pieces carried the others' rows */
+            EXPECT(model_n_mixed(m) > mixed0, "batched: no prefill piece carried decode rows");
         }
         if (pass == 0) memcpy(&res1, &res[3], sizeof res1);
     }

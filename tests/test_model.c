@@ -10,7 +10,10 @@
  *     64 tokens (these models are confident: top-2 gaps far above bf16 noise);
  *  3. conv and recurrent states after the prompt vs transformers' bf16 run (tolerances below);
  *  4. prefill then steps == feeding every token by step: bitwise on the CPU backend, because
- *     every output element is computed by the same code on the same data either way. */
+ *     every output element is computed by the same code on the same data either way;
+ *  5. a mixed step (decode rows riding a prefill, model_rows_ride) == the batched step and then
+ *     the prefill: the rows' logits, the prompt's and the next batched step's, bitwise (the
+ *     prompt longer than a call, so the riding call is the shorter one). */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -77,6 +80,65 @@ static double rel_l2(const float *a, const float *b, size_t n) {
         den += (double)b[i] * b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* 5 (see the top). Rows a and b decode after prompts of their own; p is the riding prompt. */
+static void check_ride(struct model *m, const char *name) {
+    const int V = model_config(m)->vocab_size, np = 100; /* > max_T 48: calls of 46, 48, 6 */
+    struct model_seq *sq[3] = {model_seq_create(m), model_seq_create(m), model_seq_create(m)};
+    if (!sq[0] || !sq[1] || !sq[2]) {
+        EXPECT(0, "%s: no room for three more sequences", name);
+        return;
+    }
+    int32_t pa[20], pb[31], pp[np];
+    uint32_t h = 12345;
+    for (int i = 0; i < np; i++) {
+        h = h * 1103515245u + 12345u;
+        pp[i] = (int32_t)((h >> 8) % (uint32_t)V);
+        if (i < 20) pa[i] = (pp[i] * 7 + 3) % V;
+        if (i < 31) pb[i] = (pp[i] * 13 + 5) % V;
+    }
+    float *out[2][6]; /* pass: rows a, b; the prompt; the next step's rows a, b, p */
+    struct error err;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < 6; k++) out[pass][k] = xmalloc((size_t)V * sizeof(float));
+        int32_t tok[3];
+        const int32_t *prompts[2] = {pa, pb};
+        const int lens[2] = {20, 31};
+        for (int k = 0; k < 2; k++) {
+            model_seq_use(m, sq[k]);
+            model_reset(m);
+            EXPECT(model_prefill(m, prompts[k], lens[k], NULL, &err) == 0, "%s: prefill", name);
+            tok[k] = model_argmax(m);
+        }
+        model_seq_use(m, sq[2]);
+        model_reset(m);
+        if (pass == 0) {
+            EXPECT(model_step_rows(m, sq, tok, 2) == 0, "%s: batched step", name);
+        } else {
+            model_rows_ride(m, sq, tok, 2);
+        }
+        EXPECT(model_prefill(m, pp, np, NULL, &err) == 0, "%s: prefill of the prompt", name);
+        if (pass == 1) EXPECT(model_rows_rode(m) == 2, "%s: the two rows rode the prefill", name);
+        for (int b = 0; b < 2; b++) model_row_logits(m, b, out[pass][b]);
+        model_logits(m, out[pass][2]);
+        tok[2] = model_argmax(m);
+        for (int b = 0; b < 2; b++) tok[b] = argmax_f(out[pass][b], V);
+        EXPECT(model_step_rows(m, sq, tok, 3) == 0, "%s: batched step after", name);
+        for (int b = 0; b < 3; b++) model_row_logits(m, b, out[pass][3 + b]);
+    }
+    static const char *what[6] = {"row a", "row b", "the prompt", "the next step's row a",
+                                  "the next step's row b", "the next step's row p"};
+    int same = 1;
+    for (int k = 0; k < 6; k++) {
+        const int eq = !memcmp(out[0][k], out[1][k], (size_t)V * sizeof(float));
+        EXPECT(eq, "%s: mixed step: %s's logits differ from the batched step's", name, what[k]);
+        same &= eq;
+        free(out[0][k]), free(out[1][k]);
+    }
+    printf("  mixed step (2 rows riding a %d-token prefill) vs batched step + prefill: %s\n", np,
+           same ? "bit-identical" : "DIFFER");
+    model_seq_use(m, model_seq_default(m));
 }
 
 static void test_fixture(const char *name) {
@@ -224,6 +286,7 @@ static void test_fixture(const char *name) {
     }
     printf("  states after the prompt: worst relative L2 error conv %.2e, recurrent %.2e\n",
            worst_conv, worst_rec);
+    check_ride(m, name);
     EXPECT(n_cases >= 4, "%s: expected at least 4 cases, found %d", name, n_cases);
     if (ours.n) {
         double a_ours = 100.0 * ours.agree / ours.rows, a_floor = 100.0 * floor.agree / floor.rows;

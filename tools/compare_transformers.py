@@ -23,7 +23,8 @@ with the random numbers drawn on the GPU, which takes seconds instead of minutes
      bf16 token for token;
   5. strata prefill-then-step against step-only (tools/strata_logits.c "steps");
   6. on the memorised model, batched decode (4 sequences stepped together, continuous batching)
-     against each one's single-sequence steps (tools/strata_logits.c "rows"): argmax agreement.
+     against each one's single-sequence steps (tools/strata_logits.c "rows"), and the same with
+     every other step riding a fifth sequence's prefill ("ride": mixed steps): argmax agreement.
 Reference kernels: the torch fallbacks (fla / causal-conv1d absence is recorded); attention sdpa.
 """
 import argparse
@@ -356,7 +357,8 @@ def cmd_compare(a):
             log(f"  greedy seq {si} failed: {e!r}")
         greedy.append(g)
     res["greedy"] = greedy
-    for mode, key in (("steps", "prefill_then_step"), ("rows", "batched_vs_single")):
+    for mode, key in (("steps", "prefill_then_step"), ("rows", "batched_vs_single"),
+                      ("ride", "riding_vs_single")):
         try:
             _, out = strata(a.strata_logits, ckpt, seqs_np[1, :SEQ_LEN].tolist(), mode, 40)
             res[key] = out.strip()

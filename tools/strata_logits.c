@@ -38,7 +38,7 @@ static int argmax_f(const float *x, int n) {
 
 int main(int argc, char **argv) {
     if (argc < 6) {
-        fprintf(stderr, "usage: strata_logits DIR cpu|cuda IDS OUT all|greedy N|steps P\n");
+        fprintf(stderr, "usage: strata_logits DIR cpu|cuda IDS OUT all|greedy N|steps P|rows P|ride P\n");
         return 2;
     }
     struct model_options opt = {0};
@@ -132,20 +132,22 @@ int main(int argc, char **argv) {
         fwrite(b, sizeof(float), (size_t)rows * V, out);
         free(a);
         free(b);
-    } else if (!strcmp(mode, "rows") && argc > 6) {
+    } else if ((!strcmp(mode, "rows") || !strcmp(mode, "ride")) && argc > 6) {
         /* batched decode against single-sequence decode: sequence b (of B) prefilled with
          * IDS[0..P - b), all then stepped together (model_step_rows), each teacher-forced on
          * IDS from its own position on; row 0's logits against those of the plain steps of the
          * same ids (prints max |diff| and argmax agreement over every row's steps, each row
-         * against its own single run); OUT gets row 0's float32 (n-P, vocab) then the plain ones */
-        const int B = 4, P = atoi(argv[6]);
+         * against its own single run); OUT gets row 0's float32 (n-P, vocab) then the plain ones.
+         * "ride": every other step rides the prefill of a fifth sequence (IDS[0..17 + step),
+         * model_rows_ride: a mixed step) instead of a batched step of its own. */
+        const int B = 4, P = atoi(argv[6]), ride = !strcmp(mode, "ride");
         if (P < B + 1 || P >= n) {
             fprintf(stderr, "strata_logits: rows: P in %d..%d\n", B + 1, n - 1);
             return 2;
         }
-        struct model_seq *seqs[4];
+        struct model_seq *seqs[5];
         seqs[0] = model_seq_default(m);
-        for (int b = 1; b < B; b++) seqs[b] = model_seq_create(m);
+        for (int b = 1; b < 5; b++) seqs[b] = model_seq_create(m);
         const int steps = n - P;
         float *bat = xmalloc((size_t)B * steps * V * sizeof(float));
         float *one = xmalloc((size_t)steps * V * sizeof(float));
@@ -157,7 +159,16 @@ int main(int argc, char **argv) {
         for (int st = 0; st < steps; st++) {
             int32_t tok[4];
             for (int b = 0; b < B; b++) tok[b] = ids[P - b + st];
-            if (model_step_rows(m, seqs, tok, B) != 0) return 1;
+            if (ride && st % 2 == 0) {
+                model_seq_use(m, seqs[4]);
+                model_reset(m);
+                model_rows_ride(m, seqs, tok, B);
+                if (model_prefill(m, ids, 17 + st < n ? 17 + st : n, NULL, &err) < 0 ||
+                    model_rows_rode(m) != B)
+                    return 1;
+            } else if (model_step_rows(m, seqs, tok, B) != 0) {
+                return 1;
+            }
             for (int b = 0; b < B; b++) model_row_logits(m, b, bat + ((size_t)b * steps + st) * V);
         }
         double maxd = 0;
@@ -183,8 +194,8 @@ int main(int argc, char **argv) {
                 fwrite(one, sizeof(float), (size_t)steps * V, out);
             }
         }
-        printf("batched (B %d) vs single-sequence steps: max |logit diff| %.5f, argmax agree %d/%d\n",
-               B, maxd, agree, B * steps);
+        printf("batched (B %d%s) vs single-sequence steps: max |logit diff| %.5f, argmax agree %d/%d\n",
+               B, ride ? ", every other step riding a prefill" : "", maxd, agree, B * steps);
         free(bat);
         free(one);
     } else {

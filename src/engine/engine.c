@@ -77,6 +77,7 @@ struct engine {
     struct slot slots[MODEL_MAX_BATCH];
     int n_active, parallel, max_active;
     int prefill_chunk;   /* tokens of a prompt fed between two decode steps of others */
+    int mixed;           /* EXPERIMENT (STRATA_MIXED=0: off): decode rows ride the prefill piece */
     uint64_t order;
     /* the submission queue (engine_generate from other threads while engine_run steps) */
     pthread_mutex_t mu;
@@ -120,6 +121,7 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
     e->run_ahead = model_async(m);
     e->boundary_id = tok ? tokenizer_token_id(tok, "<|im_start|>") : -1;
     e->prefill_chunk = model_async(m) ? 1024 : 256;
+    e->mixed = !getenv("STRATA_MIXED") || atoi(getenv("STRATA_MIXED")) != 0;
     if (tok) e->piece_cap = detok_max_out(tok);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -678,6 +680,16 @@ static void admit(struct engine *e) {
     }
 }
 
+/* The pending tokens of ps[0..B) were fed (a batched step, or riding a prefill): row b's
+ * logits are ps[b]'s. */
+static void rows_stepped(struct engine *e, struct slot **ps, const int32_t *toks, int B) {
+    for (int b = 0; b < B; b++) {
+        cache_push_to(e->cache, ps[b]->cslot, toks[b]);
+        ps[b]->at = AT_ROW;
+        ps[b]->row = b;
+    }
+}
+
 /* One round: every slot with logits chooses and emits its token; queued requests start; one
  * piece of the oldest prompt is fed; then one step feeds every pending token (a batched step,
  * or with a single request and nothing else to do, that request alone with run-ahead until
@@ -697,17 +709,29 @@ static void engine_round(struct engine *e) {
     if (n) tokens_rows(e, rs, n);
     admit(e);
     struct slot *pf = NULL;
-    int n_dec = 0;
+    struct model_seq *seqs[MODEL_MAX_BATCH];
+    int32_t toks[MODEL_MAX_BATCH];
+    struct slot *ps[MODEL_MAX_BATCH];
+    int n_dec = 0, B = 0;
     for (int i = 0; i < MODEL_MAX_BATCH; i++) {
         struct slot *s = &e->slots[i];
         if (s->state == SLOT_PREFILL && (!pf || s->order < pf->order)) pf = s;
         if (s->state == SLOT_DECODE) n_dec++;
+        if (s->state == SLOT_DECODE && s->at == AT_PENDING) ps[B++] = s;
     }
-    if (pf) prefill_some(e, pf, n_dec ? e->prefill_chunk : 0);
-    struct model_seq *seqs[MODEL_MAX_BATCH];
-    int32_t toks[MODEL_MAX_BATCH];
-    struct slot *ps[MODEL_MAX_BATCH];
-    int B = 0, n_pf = 0;
+    if (pf) {
+        /* the pending tokens ride along the piece's pass over the weights (a mixed step); a
+         * slot whose first token the piece gives waits for the next round's step */
+        for (int b = 0; b < B; b++) seqs[b] = ps[b]->seq, toks[b] = ps[b]->pend;
+        model_rows_ride(e->m, seqs, toks, e->mixed ? B : 0);
+        prefill_some(e, pf, n_dec ? e->prefill_chunk : 0);
+        if (model_rows_rode(e->m) == B && B > 0) {
+            rows_stepped(e, ps, toks, B);
+            return;
+        }
+    }
+    int n_pf = 0;
+    B = 0;
     for (int i = 0; i < MODEL_MAX_BATCH; i++) {
         struct slot *s = &e->slots[i];
         if (s->state == SLOT_PREFILL) n_pf++;
@@ -734,11 +758,7 @@ static void engine_round(struct engine *e) {
     if (B == 0) return;
     for (int b = 0; b < B; b++) seqs[b] = ps[b]->seq, toks[b] = ps[b]->pend;
     CHECK(model_step_rows(e->m, seqs, toks, B) == 0); /* is_last kept every position in range */
-    for (int b = 0; b < B; b++) {
-        cache_push_to(e->cache, ps[b]->cslot, toks[b]);
-        ps[b]->at = AT_ROW;
-        ps[b]->row = b;
-    }
+    rows_stepped(e, ps, toks, B);
 }
 
 /* Queues sub (e->mu not held). */

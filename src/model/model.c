@@ -107,6 +107,10 @@ struct model {
     void *rows_dev;       /* struct rows_host's layout: the rows' positions, ids, blocks */
     int32_t *row_choice;  /* (MODEL_MAX_BATCH,) the rows' choices */
     int n_rows;           /* rows of the last batched step */
+    struct model_seq *ride[MODEL_MAX_BATCH]; /* model_rows_ride: rows for the next prefill call */
+    int32_t ride_tok[MODEL_MAX_BATCH];
+    int n_ride, rode;     /* registered; carried by the prefill since */
+    long n_mixed;         /* prefill calls that carried rows */
     float *lp_out;       /* model_logprobs: the op's output (2 + 2 BACKEND_LOGPROBS_KMAX,) */
     int32_t *lp_chosen;  /* ... and the chosen token (1,) */
     int64_t n_posts;  /* steps run: each posts its choice */
@@ -661,25 +665,42 @@ struct snaps {
 
 /* Runs T tokens (already in m->ids, position in m->pos_dev) through every layer, leaving the
  * final residual stream in m->h; fills sn's checkpoints' DeltaNet states on the way (sn may be
- * NULL). HF: Qwen3_5TextModel.forward up to the final norm. */
-static void forward(struct model *m, int T, const struct snaps *sn) {
+ * NULL). With R > 0 (a mixed step), R decode rows of other sequences (m->rows_dev, as
+ * forward_rows) come first: rows 0..R-1 of every activation are theirs and the prompt's follow,
+ * the projections and the MLP run over all R + T rows, each part's mixers on its own state.
+ * HF: Qwen3_5TextModel.forward up to the final norm. */
+static void forward(struct model *m, int T, const struct snaps *sn, int R) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
     int H = c->hidden_size, I = c->intermediate_size;
-    int nH = c->num_attention_heads, hd = c->head_dim;
+    int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
+    const int N_attn = 2 * nH * hd + 2 * nKV * hd, N_gdn = c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads;
+    const struct rows_host *rd = m->rows_dev;
+    const struct backend_rows rows = {rd->pos, rd->kv, rd->gdn};
+    const size_t kv_bytes = kv_cache_bytes(m);
 
-    op->embed(be, m->h, m->embed_tokens, m->ids, T); /* HF: inputs_embeds = embed_tokens(ids) */
+    if (R) op->embed(be, m->h, m->embed_tokens, rd->ids, R);
+    op->embed(be, m->h + (size_t)R * H, m->embed_tokens, m->ids, T); /* HF: inputs_embeds = embed_tokens(ids) */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         struct layer *L = &m->layers[l];
         struct seq_layer *S = &m->cur->l[l];
         if (L->type == LAYER_FULL_ATTENTION) {
             /* HF: hidden = input_layernorm(residual); q_proj/k_proj/v_proj(hidden); q/k norm,
              * rope, cache update, attention, * sigmoid(gate) */
-            op->attention(be, m->mix, m->proj, m->h, L->input_layernorm, L->w_mix, L->q_norm,
-                          L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T);
+            if (R) {
+                const size_t k_off = (size_t)L->full_index * 2 * kv_bytes;
+                op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, R + T, N_attn, H, 0);
+                op->attention_rows(be, m->mix, m->proj, L->q_norm, L->k_norm, &rows, k_off,
+                                   k_off + kv_bytes, R);
+                op->attention(be, m->mix + (size_t)R * nH * hd, m->proj + (size_t)R * N_attn, NULL,
+                              NULL, NULL, L->q_norm, L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T);
+            } else {
+                op->attention(be, m->mix, m->proj, m->h, L->input_layernorm, L->w_mix, L->q_norm,
+                              L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T);
+            }
             /* HF: residual + o_proj(attn_output) */
-            op->matmul(be, m->h, m->mix, NULL, L->w_out, T, H, nH * hd, 1);
+            op->matmul(be, m->h, m->mix, NULL, L->w_out, R + T, H, nH * hd, 1);
         } else {
             /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(residual),
              * conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z),
@@ -692,13 +713,26 @@ static void forward(struct model *m, int T, const struct snaps *sn) {
                 bs.conv[bs.n++] = (uint16_t *)(b + (size_t)c->n_linear_layers * m->gdn_state_bytes +
                                                (size_t)L->linear_index * m->gdn_conv_bytes);
             }
-            op->gdn(be, m->h, m->proj, L->input_layernorm, L->w_mix, S->conv_state, L->conv_w,
-                    L->A_log, L->dt_bias, L->norm_w, S->state, L->w_out, m->pos_dev, T,
-                    bs.n ? &bs : NULL);
+            if (R) {
+                const size_t state_off = (size_t)L->linear_index * m->gdn_state_bytes;
+                const size_t conv_off = (size_t)c->n_linear_layers * m->gdn_state_bytes +
+                                        (size_t)L->linear_index * m->gdn_conv_bytes;
+                op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, R + T, N_gdn, H, 0);
+                op->gdn_rows(be, m->mix, m->proj, L->conv_w, L->A_log, L->dt_bias, L->norm_w, &rows,
+                             state_off, conv_off, R);
+                op->matmul(be, m->h, m->mix, NULL, L->w_out, R, H, c->value_dim, 1);
+                op->gdn(be, m->h + (size_t)R * H, m->proj + (size_t)R * N_gdn, NULL, NULL, S->conv_state,
+                        L->conv_w, L->A_log, L->dt_bias, L->norm_w, S->state, L->w_out, m->pos_dev, T,
+                        bs.n ? &bs : NULL);
+            } else {
+                op->gdn(be, m->h, m->proj, L->input_layernorm, L->w_mix, S->conv_state, L->conv_w,
+                        L->A_log, L->dt_bias, L->norm_w, S->state, L->w_out, m->pos_dev, T,
+                        bs.n ? &bs : NULL);
+            }
         }
         /* HF: residual + mlp(post_attention_layernorm(residual)) */
-        op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, T, I, H);
-        op->matmul(be, m->h, m->mlp, NULL, L->w_down, T, H, I, 1);
+        op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, R + T, I, H);
+        op->matmul(be, m->h, m->mlp, NULL, L->w_down, R + T, H, I, 1);
     }
 }
 
@@ -708,6 +742,10 @@ static void logits_rows(struct model *m, int row, int rows) {
     m->be->ops->matmul(m->be, m->logits, m->h + (size_t)row * c->hidden_size, m->norm, m->lm_head,
                        rows, c->vocab_size, c->hidden_size, 0);
 }
+
+static int rows_upload(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B);
+static void rows_advance(struct model *m, struct model_seq *const *seqs, int B);
+static void logits_of_rows(struct model *m, int B);
 
 /* Feeds ids[0..n) in calls of at most max_T tokens; ck[i] takes the state after the first
  * at[i] of them (0 < at[i] <= n, increasing), taken inside the calls (no extra pass). */
@@ -731,6 +769,14 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
     int next_ck = 0;
     for (int done = 0; done < n;) {
         int T = n - done < m->max_T ? n - done : m->max_T;
+        /* riders (model_rows_ride) on the first call, which then takes at most max_T - R
+         * tokens (a multiple of the snapshot alignment, so later calls' snapshots stay on it) */
+        int R = 0;
+        if (done == 0 && m->n_ride && !all_logits) {
+            R = m->n_ride;
+            if (T + R > m->max_T) T = (m->max_T - R) / be->snap_align * be->snap_align;
+            if (T <= 0 || rows_upload(m, m->ride, m->ride_tok, R) < 0) R = 0, T = n < m->max_T ? n : m->max_T;
+        }
         struct snaps sn = {0};
         for (; next_ck < n_ck && at[next_ck] <= done + T; next_ck++) {
             if (sn.n == BACKEND_MAX_SNAPS) { /* more than a call takes: end the call there */
@@ -745,7 +791,14 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
         pos_ids[0] = s->pos; /* pos_dev[0], then ids: one copy */
         memcpy(pos_ids + 1, ids + done, (size_t)T * sizeof *pos_ids);
         be->ops->upload(be, m->pos_dev, pos_ids, (size_t)(T + 1) * sizeof *pos_ids);
-        forward(m, T, &sn);
+        forward(m, T, &sn, R);
+        if (R) { /* as model_step_rows: the rows' logits, their positions */
+            logits_of_rows(m, R);
+            rows_advance(m, m->ride, R);
+            m->rode = R;
+            m->n_ride = 0;
+            m->n_mixed++;
+        }
         if (all_logits) {
             for (int r = 0; r < T; r += LOGITS_ROWS) {
                 int rows = T - r < LOGITS_ROWS ? T - r : LOGITS_ROWS;
@@ -757,7 +810,7 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
         }
         s->pos += T;
         done += T;
-        if (done == n && want_logits) logits_rows(m, T - 1, 1);
+        if (done == n && want_logits) logits_rows(m, R + T - 1, 1);
     }
     free(tmp);
     free(pos_ids);
@@ -790,7 +843,7 @@ static void step(struct model *m, int sample) {
     const int key = (variant ? GRAPH_STEP_LONG : GRAPH_STEP) + 2 * m->cur->index + (sample ? GRAPH_SAMPLE : 0);
     if (!be->ops->graph_replay(be, key)) {
         be->ops->graph_begin(be, key);
-        forward(m, 1, NULL);
+        forward(m, 1, NULL, 0);
         logits_rows(m, 0, 1);
         if (sample)
             be->ops->sample(be, m->ids, m->logits, c->vocab_size, &m->cur->samp, m->pos_dev, 0);
@@ -930,6 +983,13 @@ int32_t model_step_sample(struct model *m) {
 /* ---------------------------------------------------------------------------------------------
  * batched decode */
 
+/* The lm_head of rows 0..B-1 of m->h into the row logits. HF: lm_head(norm(hidden)) */
+static void logits_of_rows(struct model *m, int B) {
+    const struct config *c = &m->config;
+    m->be->ops->matmul(m->be, m->row_logits, m->h, m->norm, m->lm_head, B, c->vocab_size,
+                       c->hidden_size, 0);
+}
+
 /* forward() for B sequences at one token each (ids and positions in m->rows_dev): the
  * projections and the MLP as matmuls over the B rows (one pass over the weights), the mixers
  * row by row on each sequence's own state. */
@@ -965,10 +1025,12 @@ static void forward_rows(struct model *m, int B) {
         op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, B, I, H);
         op->matmul(be, m->h, m->mlp, NULL, L->w_down, B, H, I, 1);
     }
-    op->matmul(be, m->row_logits, m->h, m->norm, m->lm_head, B, c->vocab_size, H, 0);
+    logits_of_rows(m, B);
 }
 
-int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
+/* The rows' positions, ids and blocks to m->rows_dev (one copy); the largest position, or -1
+ * when a sequence's context is full (nothing uploaded). */
+static int rows_upload(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
     struct backend *be = m->be;
     CHECK(B >= 1 && B <= MODEL_MAX_BATCH && B <= m->max_T);
     struct rows_host host;
@@ -977,6 +1039,7 @@ int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_
     for (int b = 0; b < B; b++) {
         if (seqs[b]->pos >= m->ctx) return -1;
         CHECK(tokens[b] >= 0 && tokens[b] < m->config.vocab_size);
+        CHECK(seqs[b] != m->cur || !m->n_ride); /* riders are other sequences than the prompt's */
         for (int j = 0; j < b; j++) CHECK(seqs[j] != seqs[b]);
         host.pos[b] = seqs[b]->pos;
         host.ids[b] = tokens[b];
@@ -985,6 +1048,22 @@ int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_
         if (seqs[b]->pos > max_pos) max_pos = seqs[b]->pos;
     }
     be->ops->upload(be, m->rows_dev, &host, sizeof host);
+    return max_pos;
+}
+
+/* After the rows' forward: their positions advance, and row b's logits are theirs. */
+static void rows_advance(struct model *m, struct model_seq *const *seqs, int B) {
+    for (int b = 0; b < B; b++) {
+        seqs[b]->pos++;
+        if (seqs[b] == m->cur) m->choice = m->posted = 0, m->logits_pos = -1; /* its logits: row b */
+    }
+    m->n_rows = B;
+}
+
+int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
+    struct backend *be = m->be;
+    const int max_pos = rows_upload(m, seqs, tokens, B);
+    if (max_pos < 0) return -1;
     /* the graph of B rows (positions and blocks are read from rows_dev: any B sequences) */
     const int variant = be->ops->graph_variant && be->ops->graph_variant(be, max_pos);
     const int key = GRAPH_ROWS + 2 * B + variant;
@@ -993,12 +1072,23 @@ int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_
         forward_rows(m, B);
         be->ops->graph_end(be, key);
     }
-    for (int b = 0; b < B; b++) {
-        seqs[b]->pos++;
-        if (seqs[b] == m->cur) m->choice = m->posted = 0, m->logits_pos = -1; /* its logits: row b */
-    }
-    m->n_rows = B;
+    rows_advance(m, seqs, B);
     return 0;
+}
+
+void model_rows_ride(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
+    CHECK(B >= 0 && B <= MODEL_MAX_BATCH);
+    for (int b = 0; b < B; b++) m->ride[b] = seqs[b], m->ride_tok[b] = tokens[b];
+    m->n_ride = B;
+    m->rode = 0;
+}
+
+long model_n_mixed(const struct model *m) { return m->n_mixed; }
+
+int model_rows_rode(struct model *m) {
+    const int r = m->rode;
+    m->n_ride = m->rode = 0;
+    return r;
 }
 
 static const uint16_t *row_logits(const struct model *m, int b) {

@@ -160,6 +160,19 @@ int model_row_logprobs(struct model *m, int b, int k, int32_t chosen, float *lse
                        float *chosen_logit, int32_t *top_ids, float *top_logits);
 void model_seq_sample_mask(struct model *m, struct model_seq *s, const uint64_t *mask);
 
+/* A mixed step: batched decode rows that ride along the next prefill call, so that a prompt
+ * admitted while others decode costs them no pass of its own over the weights (chunked
+ * prefill, as vLLM's). model_rows_ride registers seqs / tokens as model_step_rows takes them;
+ * the next model_prefill / model_prefill_ckpt runs them in its first call (the matmuls over the
+ * rows and the prompt's tokens together; the rows' mixers as model_step_rows', the prompt's as a
+ * prefill's), after which they stand exactly as after model_step_rows (row b's logits, the
+ * positions advanced). model_rows_rode ends the registration and returns how many rows rode
+ * (0: no prefill call ran, or the first call had no room: the caller steps them itself). The
+ * rows compute what model_step_rows computes (bit-identical on the CPU backend). */
+void model_rows_ride(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B);
+int model_rows_rode(struct model *m);
+long model_n_mixed(const struct model *m); /* prefill calls that carried rows since the load */
+
 /* Copies the current logits as float (vocab_size,). */
 void model_logits(struct model *m, float *out);
 
