@@ -77,7 +77,6 @@ struct engine {
     struct slot slots[MODEL_MAX_BATCH];
     int n_active, parallel, max_active;
     int prefill_chunk;   /* tokens of a prompt fed between two decode steps of others */
-    int mixed;           /* EXPERIMENT (STRATA_MIXED=0: off): decode rows ride the prefill piece */
     uint64_t order;
     /* the submission queue (engine_generate from other threads while engine_run steps) */
     pthread_mutex_t mu;
@@ -121,7 +120,6 @@ struct engine *engine_create(struct model *m, struct tokenizer *tok) {
     e->run_ahead = model_async(m);
     e->boundary_id = tok ? tokenizer_token_id(tok, "<|im_start|>") : -1;
     e->prefill_chunk = model_async(m) ? 1024 : 256;
-    e->mixed = !getenv("STRATA_MIXED") || atoi(getenv("STRATA_MIXED")) != 0;
     if (tok) e->piece_cap = detok_max_out(tok);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -691,9 +689,10 @@ static void rows_stepped(struct engine *e, struct slot **ps, const int32_t *toks
 }
 
 /* One round: every slot with logits chooses and emits its token; queued requests start; one
- * piece of the oldest prompt is fed; then one step feeds every pending token (a batched step,
- * or with a single request and nothing else to do, that request alone with run-ahead until
- * another arrives). */
+ * piece of the oldest prompt is fed, the pending tokens of the others riding its pass over the
+ * weights (a mixed step); else one step feeds every pending token (a batched step, or with a
+ * single request and nothing else to do, that request alone with run-ahead until another
+ * arrives). */
 static void engine_round(struct engine *e) {
     struct slot *rs[MODEL_MAX_BATCH];
     int n = 0;
@@ -723,7 +722,7 @@ static void engine_round(struct engine *e) {
         /* the pending tokens ride along the piece's pass over the weights (a mixed step); a
          * slot whose first token the piece gives waits for the next round's step */
         for (int b = 0; b < B; b++) seqs[b] = ps[b]->seq, toks[b] = ps[b]->pend;
-        model_rows_ride(e->m, seqs, toks, e->mixed ? B : 0);
+        model_rows_ride(e->m, seqs, toks, B);
         prefill_some(e, pf, n_dec ? e->prefill_chunk : 0);
         if (model_rows_rode(e->m) == B && B > 0) {
             rows_stepped(e, ps, toks, B);
