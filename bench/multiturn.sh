@@ -14,7 +14,8 @@
 #   run(carry=[".carry/server"]): bash bench/multiturn.sh sampling  # greedy vs sampled over HTTP
 #   run(carry=[".carry/server"]): bash bench/multiturn.sh concurrency  # 1-64 streaming clients
 # (the tree and both binaries with the debs pass the 64 MiB a call carries)
-# Output: $OUT/multiturn.md, $OUT/multiturn.json. Env: SIZE (4b), CTX (32768), MAXTOK (48).
+# Output: $OUT/multiturn.md, $OUT/multiturn.json. Env: SIZE (4b), CTX (32768), MAXTOK (48), SBIN (the
+# strata binary; default .carry/server/strata), DEBS (the .debs: bench/server-debs.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # the runtime libraries unpacked, $OUT, and the random checkpoint $M of $SIZE (made if missing)
@@ -48,7 +49,7 @@ stage)
     ;;
 run)
     setup
-    S=.carry/server/strata
+    S=${SBIN:-.carry/server/strata}
     port=18080
     serve $port "$OUT/serve.log" --ctx "${CTX:-32768}" --test-forced-output
     timeout 400 python3 bench/multiturn.py --url "http://127.0.0.1:$port" --forced \
