@@ -8,6 +8,18 @@
 
 #define GEMV_THREADS 256
 
+/* 8 elements of the zero-centred RMSNorm: bf16(x * r * (1 + w)), r = rsqrt(mean(x^2) + eps) of
+ * the row (cuda_rmsnorm's arithmetic, as cpu.c's rmsnorm_row). */
+static __device__ __forceinline__ uint4 rmsnorm8(uint4 x, uint4 w, float r) {
+    float f[8], g[8];
+    unpack8(x, f);
+    unpack8(w, g);
+    return make_uint4(pack_bf(f[0] * r * (1.0f + g[0]), f[1] * r * (1.0f + g[1])),
+                      pack_bf(f[2] * r * (1.0f + g[2]), f[3] * r * (1.0f + g[3])),
+                      pack_bf(f[4] * r * (1.0f + g[4]), f[5] * r * (1.0f + g[5])),
+                      pack_bf(f[6] * r * (1.0f + g[6]), f[7] * r * (1.0f + g[7])));
+}
+
 /* The two weight rows of row pair p: (2p, 2p + 1) for a plain GEMV (the second clamped to the
  * first and has1 false at an odd N), (p, p + N) for SwiGLU (gate row, up row). */
 template <bool SWIGLU>
@@ -267,17 +279,7 @@ static __device__ __forceinline__ void gemv_run(const struct cuda_gemv_job &job,
 #pragma unroll
         for (int w = 0; w < GEMV_THREADS / WARP_SIZE; w++) tot += red[w][0];
         const float r = 1.0f / sqrtf(tot / (float)K + eps);
-        for (int i = threadIdx.x; i < K8; i += GEMV_THREADS) {
-            float f[8], gg[8];
-            unpack8(xs[i], f);
-            unpack8(ws[i], gg);
-            uint4 o;
-            o.x = pack_bf(f[0] * r * (1.0f + gg[0]), f[1] * r * (1.0f + gg[1]));
-            o.y = pack_bf(f[2] * r * (1.0f + gg[2]), f[3] * r * (1.0f + gg[3]));
-            o.z = pack_bf(f[4] * r * (1.0f + gg[4]), f[5] * r * (1.0f + gg[5]));
-            o.w = pack_bf(f[6] * r * (1.0f + gg[6]), f[7] * r * (1.0f + gg[7]));
-            xs[i] = o;
-        }
+        for (int i = threadIdx.x; i < K8; i += GEMV_THREADS) xs[i] = rmsnorm8(xs[i], ws[i], r);
     } else if (GATED) {
         /* the DeltaNet gated RMSNorm of x, per head of gdv values (gdv / 8 lanes, aligned):
          * bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)), as cpu.c's gdn_heads,
@@ -895,18 +897,7 @@ gemm_skinny_kernel(const struct skinny_args a) {
             __syncthreads();
             if (wid < T) {
                 uint4 *xd = xs + (size_t)wid * XS;
-                const float r = rr;
-                for (int i = lane; i < K8; i += WARP_SIZE) {
-                    float f[8], w[8];
-                    unpack8(xd[i], f);
-                    unpack8(nws[i], w);
-                    uint4 o;
-                    o.x = pack_bf(f[0] * r * (1.0f + w[0]), f[1] * r * (1.0f + w[1]));
-                    o.y = pack_bf(f[2] * r * (1.0f + w[2]), f[3] * r * (1.0f + w[3]));
-                    o.z = pack_bf(f[4] * r * (1.0f + w[4]), f[5] * r * (1.0f + w[5]));
-                    o.w = pack_bf(f[6] * r * (1.0f + w[6]), f[7] * r * (1.0f + w[7]));
-                    xd[i] = o;
-                }
+                for (int i = lane; i < K8; i += WARP_SIZE) xd[i] = rmsnorm8(xd[i], nws[i], rr);
             }
         }
         __syncthreads();
