@@ -667,6 +667,7 @@ static void op_attention_rows(struct backend *be, uint16_t *out, uint16_t *qkv,
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     struct cuda_attn_rows ar = {rows->kv, k_off, v_off, (size_t)2 * nH * hd + (size_t)2 * nKV * hd,
                                 (size_t)nH * hd, 0};
+    if (cu->skip & 2) return; /* timing only */
     cuda_prof_begin(cu, "attention (decode rows)");
     const int mode = cu->attn_mode;
     if (mode == 1) cu->attn_mode = -1; /* some rows past the short kernel's reach: both kernels */
@@ -685,6 +686,7 @@ static void op_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj, const
     struct cuda_gdn_rows gr = {rows->gdn, state_off, conv_off,
                                (size_t)c->conv_dim + c->value_dim + 2 * c->linear_num_value_heads};
     CHECK((size_t)B * c->value_dim <= cu->xn_elems);
+    if (cu->skip & 1) return; /* timing only */
     PROF("gdn (decode rows)", cuda_gdn_step_rows(cu, c, out, proj, conv_w, A_log, dt_bias, norm_w,
                                                  &gr, rows->pos, B));
 }

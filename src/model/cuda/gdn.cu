@@ -77,10 +77,14 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
  * the weights stream through L2 marked evict-first, so the state (4B / 9B: 48 MiB, 0.8B: 18
  * MiB) tends to stay there from one step to the next instead of going to DRAM and back (runs
  * 118, 120: tg128 4B +1.7%, 9B +1.9%, 0.8B +0.5%).
+ * ROWS (a batched step's rows: B states, past L2's size from B = 2 at 4B): plain loads and
+ * stores, and 4 blocks an SM rather than 5, which takes the 4-lane kernel's spills away (run
+ * 204, 4B: a step of 8 3.300 -> 3.249 ms, of 16 4.258 -> 4.227; evict-last and streaming alike
+ * at 5 blocks, within 1%).
  * Bytes: 8 Hv dk dv (state read + written; mostly L2) + ~2 (conv_dim + value_dim) * 5 (conv
  * window, x, o); FLOPs: ~6 Hv dk dv. */
-template <int NR, int LPC>
-static __global__ void __launch_bounds__(GDN_THREADS, LPC == 4 ? 5 : 1)
+template <int NR, int LPC, bool ROWS>
+static __global__ void __launch_bounds__(GDN_THREADS, LPC == 4 ? (ROWS ? 4 : 5) : 1)
 gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_state,
                 const uint16_t *conv_w, const float *A_log, const float *dt_bias, float *state,
                 const int32_t *pos, int Hk, int Hv, int dv, int *cnt, int target,
@@ -115,7 +119,10 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     float *Sg = state + (size_t)v * dk * dv + col;
     float S[NR];
 #pragma unroll
-    for (int m = 0; m < NR; m++) S[m] = load_keep(Sg + (size_t)(rg + LPC * m) * dv);
+    for (int m = 0; m < NR; m++) {
+        const float *sp = Sg + (size_t)(rg + LPC * m) * dv;
+        S[m] = ROWS ? *sp : load_keep(sp);
+    }
     const int p = *pos; /* uploaded before the step */
     const int c1 = (p + 1) & 3, c2 = (p + 2) & 3, c3 = (p + 3) & 3, cnew = p & 3; /* p-3, p-2, p-1, p */
     const bool qk_writer = v % r == 0 && blockIdx.y == 0;
@@ -255,7 +262,11 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
     if (rg == 0) obuf[(size_t)v * dv + col] = f2bf(o);
     ktrace_stamp(tr, 3);
 #pragma unroll
-    for (int m = 0; m < NR; m++) store_keep(Sg + (size_t)(rg + LPC * m) * dv, S[m]);
+    for (int m = 0; m < NR; m++) {
+        float *sp = Sg + (size_t)(rg + LPC * m) * dv;
+        if (ROWS) *sp = S[m];
+        else store_keep(sp, S[m]);
+    }
     if (cnt) { /* complete only after the in_proj (its z rows), and leave both counts at zero */
         grid_dependency_wait();
         if (tid == 0 && atomicAdd(cnt + 1, 1) == (int)(gridDim.x * gridDim.y) - 1) cnt[0] = cnt[1] = 0;
@@ -974,7 +985,8 @@ static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf,
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
     CHECK(dv % (GDN_THREADS / LPC) == 0);
     dim3 grid(Hv, dv / (GDN_THREADS / LPC), B);
-    gpu_launch(cu->pdl, gdn_step_kernel<DK / LPC, LPC>, grid, dim3(GDN_THREADS), 0, cu->stream, obuf,
+    auto kern = rows.blocks ? gdn_step_kernel<DK / LPC, LPC, true> : gdn_step_kernel<DK / LPC, LPC, false>;
+    gpu_launch(cu->pdl, kern, grid, dim3(GDN_THREADS), 0, cu->stream, obuf,
                sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads, Hv,
                dv, cnt, target, rows.blocks ? nullptr : cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)),
                rows);
@@ -1003,8 +1015,8 @@ static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *o
 /* The decode step kernel cuda_gdn_step launches for this model: registers per thread, threads. */
 template <int DK>
 static int step_regs(struct cuda *cu, const struct config *c) {
-    return step_lpc(cu, c) == 4 ? gpu_kernel_regs(gdn_step_kernel<DK / 4, 4>)
-                                : gpu_kernel_regs(gdn_step_kernel<DK / 8, 8>);
+    return step_lpc(cu, c) == 4 ? gpu_kernel_regs(gdn_step_kernel<DK / 4, 4, false>)
+                                : gpu_kernel_regs(gdn_step_kernel<DK / 8, 8, false>);
 }
 extern "C" int cuda_gdn_step_regs(struct cuda *cu, const struct config *c, int *threads) {
     *threads = GDN_THREADS;
