@@ -702,6 +702,8 @@ static __global__ void __launch_bounds__(ATTN_WARPS *WARP_SIZE)
 attn_prefill_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                     const uint16_t *v_cache, const int32_t *pos, int T, int nKV, int hd,
                     int max_ctx, float scale) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int item = blockIdx.x * ATTN_WARPS + wid;
     if (item >= T * nKV) return;
@@ -889,6 +891,8 @@ static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
 attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
                   const uint16_t *v_cache, const int32_t *pos, int T, int G, int nKV, int max_ctx,
                   float scale_log2) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     static_assert(HD % 64 == 0, "head_dim: a multiple of 64");
     constexpr int KS = HD / 16;  /* k-steps of Q K^T; n-tile pairs of P V */
     constexpr int NT = FA_BN / 8; /* n-tiles of S */
@@ -1021,6 +1025,8 @@ static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
 attn_flash_wg_kernel(uint16_t *out, float *part, const uint16_t *q, const uint16_t *qkv,
                      const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *pos, int T, int G,
                      int nKV, int max_ctx, float scale_log2) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     static_assert(HD % 64 == 0, "head_dim: a multiple of 64");
     constexpr int KS = HD / 16, KB = HD / 64, CPR = HD / 8, PK = FA_BN / 16;
@@ -1180,6 +1186,8 @@ attn_flash_wg_kernel(uint16_t *out, float *part, const uint16_t *q, const uint16
 template <int HD>
 static __global__ void attn_flash_merge_kernel(uint16_t *out, const float *part, const uint16_t *qkv,
                                                int S, int T, int nH, int nKV) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     const int item = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     if (item >= T * nH) return;
     const int t = item / nH, h = item % nH;
@@ -1227,7 +1235,7 @@ extern "C" void cuda_attn_prep(struct cuda *cu, const struct config *c, int max_
     }
     int nH = c->num_attention_heads, nKV = c->num_key_value_heads;
     int items = T * (nH + nKV);
-    gpu_launch(0, attn_prep_kernel, dim3((items + ATTN_WARPS - 1) / ATTN_WARPS),
+    gpu_launch(cu->pdl, attn_prep_kernel, dim3((items + ATTN_WARPS - 1) / ATTN_WARPS),
                dim3(ATTN_WARPS * WARP_SIZE), 0, cu->stream, q_out, qkv, q_norm, k_norm, k_cache,
                v_cache, (const uint16_t *)cu->rope_cos, (const uint16_t *)cu->rope_sin, pos, T, nH,
                nKV, c->head_dim, c->rotary_dim, max_ctx, c->rms_norm_eps);
@@ -1329,10 +1337,9 @@ static void launch_prefill(struct cuda *cu, const struct config *c, int max_ctx,
                            const uint16_t *v_cache, const int32_t *pos, int T) {
     int nKV = c->num_key_value_heads, hd = c->head_dim;
     int items = T * nKV;
-    attn_prefill_kernel<G><<<(items + ATTN_WARPS - 1) / ATTN_WARPS, ATTN_WARPS * WARP_SIZE, 0,
-                             cu->stream>>>(out, q, qkv, k_cache, v_cache, pos, T, nKV, hd, max_ctx,
-                                           1.0f / sqrtf((float)hd));
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, attn_prefill_kernel<G>, dim3((items + ATTN_WARPS - 1) / ATTN_WARPS),
+               dim3(ATTN_WARPS * WARP_SIZE), 0, cu->stream, out, q, qkv, k_cache, v_cache, pos, T, nKV, hd,
+               max_ctx, 1.0f / sqrtf((float)hd));
     cu->n_launches++;
 }
 
@@ -1352,23 +1359,21 @@ static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, u
         int S = blocks < cu->info.n_sm ? 2 * cu->info.n_sm / blocks : 1;
         if (S > FA_MAX_SPLITS) S = FA_MAX_SPLITS;
         while (S > 1 && (size_t)S * T * nH * (HD + 2) * sizeof(float) > cu->flash_part_bytes) S--;
-        attn_flash_wg_kernel<HD><<<dim3(grid.x, grid.y, S), FA_WARPS * WARP_SIZE, smem, cu->stream>>>(
-            out, cu->flash_part, q, qkv, k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx,
-            scale_log2);
+        gpu_launch(cu->pdl, attn_flash_wg_kernel<HD>, dim3(grid.x, grid.y, S), dim3(FA_WARPS * WARP_SIZE), smem,
+                   cu->stream, out, cu->flash_part, q, qkv, k_cache, v_cache, pos, T, G,
+                   c->num_key_value_heads, max_ctx, scale_log2);
         if (S > 1) {
-            GPU_LAUNCHED();
             cu->n_launches++;
-            attn_flash_merge_kernel<HD><<<(T * nH + 7) / 8, 8 * WARP_SIZE, 0, cu->stream>>>(
-                out, cu->flash_part, qkv, S, T, nH, c->num_key_value_heads);
+            gpu_launch(cu->pdl, attn_flash_merge_kernel<HD>, dim3((T * nH + 7) / 8), dim3(8 * WARP_SIZE), 0,
+                       cu->stream, out, (const float *)cu->flash_part, qkv, S, T, nH, c->num_key_value_heads);
         }
     } else {
         const size_t smem = (size_t)(FA_BM + 2 * FA_BN) * HD * sizeof(uint16_t);
         if (!opted[0] && smem > 48 * 1024) GPU_SMEM_OPTIN(attn_flash_kernel<HD>, smem);
         opted[0] = 1;
-        attn_flash_kernel<HD><<<grid, FA_WARPS * WARP_SIZE, smem, cu->stream>>>(
-            out, q, qkv, k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx, scale_log2);
+        gpu_launch(cu->pdl, attn_flash_kernel<HD>, grid, dim3(FA_WARPS * WARP_SIZE), smem, cu->stream, out, q, qkv,
+                   k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx, scale_log2);
     }
-    GPU_LAUNCHED();
     cu->n_launches++;
 }
 

@@ -289,6 +289,8 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
                                        const uint16_t *conv_state, const uint16_t *conv_w,
                                        const float *A_log, const float *dt_bias, const int32_t *pos,
                                        int T, int Hk, int Hv, int dk, int conv_dim, int value_dim) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     static_assert(CPT == 1 || CPT == 2, "channels a thread: 1 or 2");
     constexpr int TT = GDN_CONV_TT;
     __shared__ float red[TT][32];
@@ -386,6 +388,8 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
 static __global__ void gdn_conv_snap_kernel(struct backend_snap snap, const uint16_t *conv_state,
                                             const uint16_t *proj, const int32_t *pos, int conv_dim,
                                             size_t row) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     const int ch = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
     if (ch >= conv_dim) return;
     const int p = *pos, t = snap.t[i];
@@ -397,6 +401,8 @@ static __global__ void gdn_conv_snap_kernel(struct backend_snap snap, const uint
 /* The ring after the prompt: the last (up to) 4 raw inputs into their columns. Bytes: ~4 conv_dim. */
 static __global__ void gdn_conv_state_kernel(uint16_t *conv_state, const uint16_t *proj,
                                              const int32_t *pos, int T, int conv_dim, size_t row) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= conv_dim) return;
     uint16_t *st = conv_state + (size_t)ch * 4;
@@ -469,6 +475,8 @@ template <int DK, int DV>
 static __global__ void __launch_bounds__(GDN_CT, 1)
 gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_out, float *bg,
                       const float *qk, const uint16_t *ybuf, int T, int Hk, int Hv, int conv_dim) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     extern __shared__ float4 cp_sm[];
     constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD;
     float *ks = (float *)cp_sm, *qs = ks + GDN_C * RS, *As = qs + GDN_C * RS;
@@ -708,6 +716,8 @@ static __global__ void __launch_bounds__(GDN_CT, 1)
 gdn_chunk_h_kernel(uint16_t *h_out, uint16_t *vn_out, float *state, const uint16_t *w_in,
                    const uint16_t *kd_in, const float *u_in, const float *bg, int T, int Hv, int dv,
                    struct backend_snap snap) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     constexpr int WS = DK + 8, KS = GDN_C + 8, US = NC + 8, SS = DK + 8, VS = GDN_C + 8;
     constexpr int NT = NC / 8;                                      /* n-tiles */
     constexpr int TV = 4 * NT, TPV = TV >= 8 ? TV / 8 : 1;          /* v_new tiles, per warp */
@@ -866,6 +876,8 @@ template <int DK, int NO>
 static __global__ void __launch_bounds__(GDN_CT, 2)
 gdn_chunk_o_kernel(uint16_t *o_out, const uint16_t *h_in, const uint16_t *vn_in, const float *a_in,
                    const float *bg, const float *qk, int T, int Hk, int Hv, int dv) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     constexpr int QS = DK + 8, AS = GDN_C + 8, SS = DK + 8, VS = GDN_C + 8;
     constexpr int NT = NO / 8, TT = 4 * NT, TPW = TT >= 8 ? TT / 8 : 1;
     static_assert(DK % 16 == 0 && NO % 8 == 0 && NT % TPW == 0, "tiling");
@@ -941,6 +953,10 @@ gdn_chunk_o_kernel(uint16_t *o_out, const uint16_t *h_in, const uint16_t *vn_in,
 static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, const uint16_t *proj,
                                        const float *norm_w, int T, int Hv, int dv, int conv_dim,
                                        size_t row, float eps) {
+    /* programmatic dependent launch: nothing to do before the wait; the next kernel (the
+     * out_proj) may start its weight loads at once */
+    grid_launch_dependents();
+    grid_dependency_wait();
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int item = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     if (item >= T * Hv) return;
@@ -1078,9 +1094,8 @@ static void launch_chunk_h(struct cuda *cu, const struct config *c, float *state
     static int opted;
     if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_h_kernel<DK, NC>), smem);
     opted = 1;
-    gdn_chunk_h_kernel<DK, NC><<<dim3(Hv, dv / NC), GDN_CT, smem, cu->stream>>>(
-        cu->gdn_h, cu->gdn_vn, state, cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_bg, T, Hv, dv, snap);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, gdn_chunk_h_kernel<DK, NC>, dim3(Hv, dv / NC), dim3(GDN_CT), smem, cu->stream,
+               cu->gdn_h, cu->gdn_vn, state, cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_bg, T, Hv, dv, snap);
 }
 
 template <int DK, int NO>
@@ -1092,10 +1107,9 @@ static void launch_chunk_o(struct cuda *cu, const struct config *c, int T) {
     static int opted;
     if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_o_kernel<DK, NO>), smem);
     opted = 1;
-    gdn_chunk_o_kernel<DK, NO><<<dim3((T + GDN_C - 1) / GDN_C, Hv, dv / NO), GDN_CT, smem, cu->stream>>>(
-        cu->gdn_o, cu->gdn_h, cu->gdn_vn, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, T,
-        c->linear_num_key_heads, Hv, dv);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, gdn_chunk_o_kernel<DK, NO>, dim3((T + GDN_C - 1) / GDN_C, Hv, dv / NO), dim3(GDN_CT),
+               smem, cu->stream, cu->gdn_o, cu->gdn_h, cu->gdn_vn, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, T,
+               c->linear_num_key_heads, Hv, dv);
 }
 
 template <int DK>
@@ -1108,10 +1122,9 @@ static void launch_chunked(struct cuda *cu, const struct config *c, float *state
     static int opted;
     if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_prep_kernel<DK, DK>), smem);
     opted = 1;
-    gdn_chunk_prep_kernel<DK, DK><<<dim3((T + GDN_C - 1) / GDN_C, Hv), GDN_CT, smem, cu->stream>>>(
-        cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, cu->gdn_y, T,
-        c->linear_num_key_heads, Hv, c->conv_dim);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, gdn_chunk_prep_kernel<DK, DK>, dim3((T + GDN_C - 1) / GDN_C, Hv), dim3(GDN_CT), smem,
+               cu->stream, cu->gdn_w, cu->gdn_kd, cu->gdn_u, cu->gdn_a, cu->gdn_bg, cu->gdn_qk, cu->gdn_y, T,
+               c->linear_num_key_heads, Hv, c->conv_dim);
     cuda_prof_split(cu, "gdn chunk state pass (prefill)");
     if (chunk_cols<DK>(cu, c) == 32)
         launch_chunk_h<DK, 32>(cu, c, state, T, snap);
@@ -1140,23 +1153,20 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
         CHECK(snap.t[i] > (i ? snap.t[i - 1] : 0) && snap.t[i] <= T && (snap.t[i] % GDN_C == 0 || snap.t[i] == T));
     const dim3 conv_grid(conv_dim / dk + 1, (T + GDN_CONV_TT - 1) / GDN_CONV_TT);
     if (dk % (2 * WARP_SIZE) == 0)
-        gdn_conv_kernel<2><<<conv_grid, dk / 2, 0, cu->stream>>>(cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj,
-                                                              conv_state, conv_w, A_log, dt_bias, pos, T,
-                                                              Hk, Hv, dk, conv_dim, c->value_dim);
+        gpu_launch(cu->pdl, gdn_conv_kernel<2>, conv_grid, dim3(dk / 2), 0, cu->stream, cu->gdn_y, cu->gdn_qk,
+                   cu->gdn_bg, proj, (const uint16_t *)conv_state, conv_w, A_log, dt_bias, pos, T, Hk, Hv, dk,
+                   conv_dim, c->value_dim);
     else
-        gdn_conv_kernel<1><<<conv_grid, dk, 0, cu->stream>>>(cu->gdn_y, cu->gdn_qk, cu->gdn_bg, proj,
-                                                          conv_state, conv_w, A_log, dt_bias, pos, T, Hk,
-                                                          Hv, dk, conv_dim, c->value_dim);
-    GPU_LAUNCHED();
+        gpu_launch(cu->pdl, gdn_conv_kernel<1>, conv_grid, dim3(dk), 0, cu->stream, cu->gdn_y, cu->gdn_qk,
+                   cu->gdn_bg, proj, (const uint16_t *)conv_state, conv_w, A_log, dt_bias, pos, T, Hk, Hv, dk,
+                   conv_dim, c->value_dim);
     if (snap.n) {
-        gdn_conv_snap_kernel<<<dim3((conv_dim + 255) / 256, snap.n), 256, 0, cu->stream>>>(
-            snap, conv_state, proj, pos, conv_dim, row);
-        GPU_LAUNCHED();
+        gpu_launch(cu->pdl, gdn_conv_snap_kernel, dim3((conv_dim + 255) / 256, snap.n), dim3(256), 0,
+                   cu->stream, snap, (const uint16_t *)conv_state, proj, pos, conv_dim, row);
         cu->n_launches++;
     }
-    gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, cu->stream>>>(conv_state, proj, pos, T,
-                                                                          conv_dim, row);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, gdn_conv_state_kernel, dim3((conv_dim + 255) / 256), dim3(256), 0, cu->stream,
+               conv_state, proj, pos, T, conv_dim, row);
     cuda_prof_split(cu, "gdn chunk prep (prefill)");
     switch (dk) {
     case 32: launch_chunked<32>(cu, c, state, T, snap); break;
@@ -1175,8 +1185,8 @@ extern "C" void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t 
     size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
     CHECK(dv % 4 == 0 && dv <= 256 && row % 4 == 0); /* the kernel's 8-byte words */
     int items = T * Hv;
-    gdn_norm_kernel<<<(items + 7) / 8, 256, 0, cu->stream>>>(out, cu->gdn_o, proj, norm_w, T, Hv, dv,
-                                                             conv_dim, row, c->rms_norm_eps);
+    gpu_launch(cu->pdl, gdn_norm_kernel, dim3((items + 7) / 8), dim3(256), 0, cu->stream, out,
+               (const uint16_t *)cu->gdn_o, proj, norm_w, T, Hv, dv, conv_dim, row, c->rms_norm_eps);
     GPU_LAUNCHED();
     cu->n_launches++;
 }

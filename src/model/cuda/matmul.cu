@@ -463,12 +463,16 @@ gemv_tail_kernel(struct cuda_gemv_job job, float eps) {
 
 /* out = bf16(out + y), element-wise. Bytes: 6 n. */
 static __global__ void add_kernel(uint16_t *out, const uint16_t *y, size_t n) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2bf(bf2f(out[i]) + bf2f(y[i]));
 }
 
 /* out[t, i] = bf16(bf16(silu(gu[t, i])) * gu[t, I + i]). Bytes: 6 T I. */
 static __global__ void swiglu_kernel(uint16_t *out, const uint16_t *gu, int T, int I) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * I) return;
     size_t t = idx / I, i = idx % I;
@@ -690,15 +694,13 @@ extern "C" long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm) {
 }
 
 extern "C" void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n) {
-    add_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cu->stream>>>(out, y, n);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, add_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cu->stream, out, y, n);
     cu->n_launches++;
 }
 
 extern "C" void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I) {
     size_t n = (size_t)T * I;
-    swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, cu->stream>>>(out, gu, T, I);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, swiglu_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cu->stream, out, gu, T, I);
     cu->n_launches++;
 }
 

@@ -6,6 +6,8 @@
 /* out[t] = table[ids[t]]. Bytes: 2 * T * H read + written; no FLOPs. */
 static __global__ void embed_kernel(uint16_t *out, const uint16_t *table, const int32_t *ids,
                                     int H, int V) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     int t = blockIdx.x;
     int id = ids[t];
     id = id < 0 ? 0 : id >= V ? V - 1 : id; /* model.c validates ids; never read out of bounds */
@@ -19,6 +21,8 @@ static __global__ void embed_kernel(uint16_t *out, const uint16_t *table, const 
 static __global__ void rmsnorm_kernel(uint16_t *out, const uint16_t *x, const uint16_t *w, int K,
                                       float eps) {
     __shared__ float red[32];
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     const uint16_t *xr = x + (size_t)blockIdx.x * K;
     uint16_t *o = out + (size_t)blockIdx.x * K;
     float ss = 0.0f;
@@ -131,6 +135,8 @@ static __global__ void argmax_kernel(int32_t *out, const uint16_t *x, int n, flo
 static __global__ void argmax_rows_kernel(int32_t *out, const uint16_t *x, int n) {
     __shared__ float sv[32];
     __shared__ int si[32];
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
     const uint16_t *xr = x + (size_t)blockIdx.x * n;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -158,22 +164,19 @@ static __global__ void argmax_rows_kernel(int32_t *out, const uint16_t *x, int n
 
 extern "C" void cuda_argmax_rows(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int B) {
     CHECK(n % 8 == 0 && B >= 1);
-    argmax_rows_kernel<<<B, 1024, 0, cu->stream>>>(out, x, n);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, argmax_rows_kernel, dim3(B), dim3(1024), 0, cu->stream, out, x, n);
     cu->n_launches++;
 }
 
 extern "C" void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table,
                            const int32_t *ids, int T, int H, int V) {
-    embed_kernel<<<T, 128, 0, cu->stream>>>(out, table, ids, H, V);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, embed_kernel, dim3(T), dim3(128), 0, cu->stream, out, table, ids, H, V);
     cu->n_launches++;
 }
 
 extern "C" void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w,
                              int T, int K, float eps) {
-    rmsnorm_kernel<<<T, 256, 0, cu->stream>>>(out, x, w, K, eps);
-    GPU_LAUNCHED();
+    gpu_launch(cu->pdl, rmsnorm_kernel, dim3(T), dim3(256), 0, cu->stream, out, x, w, K, eps);
     cu->n_launches++;
 }
 
