@@ -991,6 +991,55 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
     }
 }
 
+/* ---- prefill: a short prompt's delta rule in its recurrent form -----------------------------
+ * For T <= GDN_SCAN_MAX tokens the chunked form's three kernels (prep, state pass, outputs) cost
+ * more than the recurrence itself: one kernel whose blocks each keep a 16-column slice of one
+ * value head's fp32 state in registers (the decode step's thread layout, delta_step) and walk
+ * the tokens in order, every token's inputs staged in shared memory first (q, k from the conv
+ * kernel's normalised fp32 qk, v from its bf16 output, beta and g from bg). This is cpu.c's
+ * recurrence (the chunked form equals it up to fp32 rounding, qwen35-model.md 4.2). A checkpoint
+ * inside such a call can only be after all T tokens (they fall on multiples of GDN_C): it takes
+ * the final state. Bytes: 8 Hv dk dv (state read + written) + 4 T (2 key_dim + value_dim) (L2);
+ * FLOPs: ~6 T Hv dk dv. */
+#define GDN_SCAN_MAX 32
+template <int NR, int LPC>
+static __global__ void __launch_bounds__(GDN_THREADS)
+gdn_scan_kernel(uint16_t *o_out, float *state, const float *qk, const uint16_t *ybuf, const float *bg,
+                int T, int Hk, int Hv, int dv, int conv_dim, struct backend_snap snap) {
+    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
+    grid_dependency_wait();
+    constexpr int COLS = GDN_THREADS / LPC, DK = NR * LPC;
+    extern __shared__ float sm[]; /* (T, 2, DK) q and k, (T, COLS) v, (T, 2) beta and g */
+    float *sqk = sm, *sv = sm + (size_t)T * 2 * DK, *sbg = sv + (size_t)T * COLS;
+    const int v = blockIdx.x, col0 = blockIdx.y * COLS, kh = v / (Hv / Hk), tid = threadIdx.x;
+    for (int i = tid; i < T * 2 * DK; i += GDN_THREADS) { /* token t: q then k */
+        const int t = i / (2 * DK), part = i / DK % 2, d = i % DK;
+        sqk[i] = qk[((size_t)t * 2 * Hk + part * Hk + kh) * DK + d];
+    }
+    for (int i = tid; i < T * COLS; i += GDN_THREADS) {
+        const int t = i / COLS;
+        sv[i] = bf2f(ybuf[(size_t)t * conv_dim + 2 * Hk * DK + (size_t)v * dv + col0 + i % COLS]);
+    }
+    for (int i = tid; i < 2 * T; i += GDN_THREADS) sbg[i] = bg[((size_t)(i / 2) * Hv + v) * 2 + i % 2];
+    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, c = lane / LPC, rg = lane % LPC;
+    const int cl = wid * (WARP_SIZE / LPC) + c, col = col0 + cl;
+    float *Sg = state + (size_t)v * DK * dv + col;
+    float S[NR];
+#pragma unroll
+    for (int m = 0; m < NR; m++) S[m] = Sg[(size_t)(rg + LPC * m) * dv];
+    __syncthreads();
+    for (int t = 0; t < T; t++) {
+        const float *q = sqk + (size_t)t * 2 * DK, *k = q + DK;
+        const float o = delta_step<NR, LPC>(S, k, q, expf(sbg[2 * t + 1]), sbg[2 * t], sv[t * COLS + cl], rg);
+        if (rg == 0) o_out[((size_t)t * Hv + v) * dv + col] = f2bf(o);
+    }
+#pragma unroll
+    for (int m = 0; m < NR; m++) Sg[(size_t)(rg + LPC * m) * dv] = S[m];
+    for (int i = 0; i < snap.n; i++) /* checkpoints after the call's T tokens (gdn_scan_ok) */
+#pragma unroll
+        for (int m = 0; m < NR; m++) snap.state[i][(size_t)v * DK * dv + col + (size_t)(rg + LPC * m) * dv] = S[m];
+}
+
 /* ---- launchers ------------------------------------------------------------------------------ */
 
 template <int DK, int LPC>
@@ -1137,6 +1186,24 @@ static void launch_chunked(struct cuda *cu, const struct config *c, float *state
         launch_chunk_o<DK, 32>(cu, c, T);
 }
 
+/* The recurrent form for a short call (gdn_scan_kernel): shared memory for its T tokens' inputs,
+ * or 0 when the chunked form takes the call (longer, or past 48 KiB). */
+static size_t gdn_scan_smem(const struct config *c, int T) {
+    const int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim, cols = GDN_THREADS / 8;
+    if (T > GDN_SCAN_MAX || dk % 8 || dv % cols) return 0;
+    const size_t smem = (size_t)T * (2 * dk + cols + 2) * sizeof(float);
+    return smem <= 48 * 1024 ? smem : 0;
+}
+template <int DK>
+static void launch_scan(struct cuda *cu, const struct config *c, float *state, int T,
+                        const struct backend_snap &snap, size_t smem) {
+    const int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
+    gpu_launch(cu->pdl, gdn_scan_kernel<DK / 8, 8>, dim3(Hv, dv / (GDN_THREADS / 8)), dim3(GDN_THREADS), smem,
+               cu->stream, cu->gdn_o, state, (const float *)cu->gdn_qk, (const uint16_t *)cu->gdn_y,
+               (const float *)cu->gdn_bg, T, c->linear_num_key_heads, Hv, dv, c->conv_dim, snap);
+    cu->n_launches++;
+}
+
 extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out,
                                  const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                                  const float *A_log, const float *dt_bias, const float *norm_w,
@@ -1167,14 +1234,27 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
     }
     gpu_launch(cu->pdl, gdn_conv_state_kernel, dim3((conv_dim + 255) / 256), dim3(256), 0, cu->stream,
                conv_state, proj, pos, T, conv_dim, row);
-    cuda_prof_split(cu, "gdn chunk prep (prefill)");
-    switch (dk) {
-    case 32: launch_chunked<32>(cu, c, state, T, snap); break;
-    case 64: launch_chunked<64>(cu, c, state, T, snap); break;
-    case 128: launch_chunked<128>(cu, c, state, T, snap); break;
-    default: CHECK(!"unsupported linear_key_head_dim");
+    const size_t scan_smem = gdn_scan_smem(c, T);
+    if (scan_smem) {
+        cuda_prof_split(cu, "gdn scan (prefill, short)");
+        for (int i = 0; i < snap.n; i++) CHECK(snap.t[i] == T); /* T < GDN_C */
+        switch (dk) {
+        case 32: launch_scan<32>(cu, c, state, T, snap, scan_smem); break;
+        case 64: launch_scan<64>(cu, c, state, T, snap, scan_smem); break;
+        case 128: launch_scan<128>(cu, c, state, T, snap, scan_smem); break;
+        default: CHECK(!"unsupported linear_key_head_dim");
+        }
+        cu->n_launches += 3;
+    } else {
+        cuda_prof_split(cu, "gdn chunk prep (prefill)");
+        switch (dk) {
+        case 32: launch_chunked<32>(cu, c, state, T, snap); break;
+        case 64: launch_chunked<64>(cu, c, state, T, snap); break;
+        case 128: launch_chunked<128>(cu, c, state, T, snap); break;
+        default: CHECK(!"unsupported linear_key_head_dim");
+        }
+        cu->n_launches += 5;
     }
-    cu->n_launches += 5;
     cuda_prof_split(cu, "gdn norm (prefill)");
     cuda_gdn_norm(cu, c, out, proj, norm_w, T);
 }
