@@ -188,7 +188,13 @@ static inline int gpu_kernel_regs(F kernel) {
  * which still hides its launch behind the kernel before and lets the next one start early (runs
  * 207-209, 4B: the DeltaNet rows' gated norm so, a batched step of 4 3.06 -> 2.96 ms; every
  * other plain launch so, a step of 16 on cuBLAS 4.27 -> 4.15, pp512 +2.7%, a 20-token prefill
- * 5.21 -> 4.99 ms). */
+ * 5.21 -> 4.99 ms). Since every kernel lets the next one start at its top, a kernel's work
+ * before its wait may run beside the two kernels before it (more, where those have room to sit
+ * resident at once): it may read only what none of them writes. The work before the waits is:
+ * weights and norm weights (never written), the DeltaNet state and conv ring of its own layer
+ * (written by its own kernel a step earlier, or by a prefill call's kernels for that layer, a
+ * whole layer stack earlier), positions and row tables (uploaded by the host, or advanced by the
+ * argmax / sample kernel that ends a graph: graph launches are ordered in full). */
 template <typename... Exp, typename... Act>
 static inline void gpu_launch(int pdl, void (*kernel)(Exp...), dim3 grid, dim3 block, size_t smem,
                               gpu_stream s, Act... args) {
