@@ -81,14 +81,19 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
  * stores, and 4 blocks an SM rather than 5, which takes the 4-lane kernel's spills away (run
  * 204, 4B: a step of 8 3.300 -> 3.249 ms, of 16 4.258 -> 4.227; evict-last and streaming alike
  * at 5 blocks, within 1%).
+ * DVC: the value head dimension as a constant (every Qwen3.5 size: 128; 0 takes dv_in), so the
+ * state's NR row offsets are immediates of one address instead of NR address computations: the
+ * single-sequence kernel's 44 bytes of spills went, 4B tg128 +1.2% (run 221). The ROWS kernel
+ * keeps the runtime dv: there it changed nothing (runs 218, 220).
  * Bytes: 8 Hv dk dv (state read + written; mostly L2) + ~2 (conv_dim + value_dim) * 5 (conv
  * window, x, o); FLOPs: ~6 Hv dk dv. */
-template <int NR, int LPC, bool ROWS>
+template <int NR, int LPC, bool ROWS, int DVC>
 static __global__ void __launch_bounds__(GDN_THREADS, LPC == 4 ? (ROWS ? 4 : 5) : 1)
 gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_state,
                 const uint16_t *conv_w, const float *A_log, const float *dt_bias, float *state,
-                const int32_t *pos, int Hk, int Hv, int dv, int *cnt, int target,
+                const int32_t *pos, int Hk, int Hv, int dv_in, int *cnt, int target,
                 unsigned long long *tr, struct cuda_gdn_rows rows) {
+    const int dv = DVC ? DVC : dv_in; /* DVC: the state's row offsets are immediates */
     if (rows.blocks) { /* a batched step: row blockIdx.z's sequence (no sz: the norm reads z) */
         const int row = blockIdx.z;
         char *blk = rows.blocks[row];
@@ -1052,7 +1057,8 @@ static void launch_step(struct cuda *cu, const struct config *c, uint16_t *obuf,
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim;
     CHECK(dv % (GDN_THREADS / LPC) == 0);
     dim3 grid(Hv, dv / (GDN_THREADS / LPC), B);
-    auto kern = rows.blocks ? gdn_step_kernel<DK / LPC, LPC, true> : gdn_step_kernel<DK / LPC, LPC, false>;
+    auto kern = rows.blocks ? gdn_step_kernel<DK / LPC, LPC, true, 0>
+                : dv == 128 ? gdn_step_kernel<DK / LPC, LPC, false, 128> : gdn_step_kernel<DK / LPC, LPC, false, 0>;
     gpu_launch(cu->pdl, kern, grid, dim3(GDN_THREADS), 0, cu->stream, obuf,
                sz, proj, conv_state, conv_w, A_log, dt_bias, state, pos, c->linear_num_key_heads, Hv,
                dv, cnt, target, rows.blocks ? nullptr : cuda_ktrace_slot(cu, 0, (int)(grid.x * grid.y)),
@@ -1082,8 +1088,11 @@ static void launch_step_lpc(struct cuda *cu, const struct config *c, uint16_t *o
 /* The decode step kernel cuda_gdn_step launches for this model: registers per thread, threads. */
 template <int DK>
 static int step_regs(struct cuda *cu, const struct config *c) {
-    return step_lpc(cu, c) == 4 ? gpu_kernel_regs(gdn_step_kernel<DK / 4, 4, false>)
-                                : gpu_kernel_regs(gdn_step_kernel<DK / 8, 8, false>);
+    if (c->linear_value_head_dim == 128)
+        return step_lpc(cu, c) == 4 ? gpu_kernel_regs(gdn_step_kernel<DK / 4, 4, false, 128>)
+                                    : gpu_kernel_regs(gdn_step_kernel<DK / 8, 8, false, 128>);
+    return step_lpc(cu, c) == 4 ? gpu_kernel_regs(gdn_step_kernel<DK / 4, 4, false, 0>)
+                                : gpu_kernel_regs(gdn_step_kernel<DK / 8, 8, false, 0>);
 }
 extern "C" int cuda_gdn_step_regs(struct cuda *cu, const struct config *c, int *threads) {
     *threads = GDN_THREADS;
