@@ -25,6 +25,11 @@
 #               1,2,3,4,8,12,16), in order: VAR=VALUE[:VAR2=VALUE2] words, "-" for none, "base"
 #               for the binary in .carry/base (another tree's `stage`, copied there)
 #   CONC        variants (as BATCH's) of bench/multiturn.sh concurrency (1-64 streaming clients)
+#   TGAB        rounds of `strata bench --tg-only` on 4b, this tree's binary then .carry/base's
+#               (an A/B of single-sequence decode that a machine's drift cannot bias)
+#   NCU_SRC     a regex of demangled kernel names (e.g. "gdn_step_kernel.*bool\)1>"): per-SASS-
+#               instruction stall samples of one launch (after NCU_SKIP, default 5) in `strata
+#               $NCU_CMD`, to $OUT/sass.csv (columns as Nsight Compute's source page)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR=.carry/kernels
@@ -66,7 +71,7 @@ BENCH=${BENCH:-4b}
 need=$BENCH
 [ -n "${AB:-}" ] && need="$need 4b"
 [ -n "${NCU:-}" ] && need="$need 4b"
-[ -n "${BATCH:-}${CONC:-}" ] && need="$need 4b"
+[ -n "${BATCH:-}${CONC:-}${TGAB:-}${NCU_SRC:-}" ] && need="$need 4b"
 # the checkpoints, made while test_cuda runs
 (for s in $(echo $need | tr ' ' '\n' | sort -u); do
     [ -f $M/$s/config.json ] || python3 tools/compare_transformers.py random --size "$s" --out "$M/$s" 2>&1 | tail -1
@@ -127,6 +132,20 @@ if [ -n "${NCU:-}" ]; then
         "$BIN/strata" ${NCU_CMD:-run --model "$M/4b" --prompt-ids "$ids" -n 1 --ctx 8192 --backend cuda} >"$OUT/ncu.txt" 2>&1
     echo "== ncu: rc $?"
     grep -E "^  [a-z_ ]+<?.*\(|Duration|Throughput|Warp Cycles|Achieved Occupancy|Issued Ipc|Registers Per|L2 Hit" "$OUT/ncu.txt" | head -120
+fi
+for r in $(seq "${TGAB:-0}"); do
+    for b in $BIN/strata .carry/base/strata; do
+        echo "== tg128 $b (round $r): $($b bench --model "$M/4b" --tg-only --reps 3 2>&1 | grep -E '^tg128')"
+    done
+done
+if [ -n "${NCU_SRC:-}" ]; then
+    NCUB=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    timeout 300 "$NCUB" --kernel-name-base demangled -k "regex:$NCU_SRC" --launch-skip "${NCU_SKIP:-5}" -c 1 \
+        --section SourceCounters --section WarpStateStats --import-source no -o "$OUT/src" -f \
+        "$BIN/strata" ${NCU_CMD:-bench --model "$M/4b" --ctx 8192 --batch 4} >/dev/null 2>&1
+    echo "== ncu source: rc $?"
+    "$NCUB" -i "$OUT/src.ncu-rep" --page source --print-source sass --csv >"$OUT/sass.csv" 2>&1
+    head -1 "$OUT/sass.csv"
 fi
 for s in ${COMPARE:-}; do
     t0=$(date +%s)
