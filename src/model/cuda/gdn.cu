@@ -80,7 +80,11 @@ static __device__ __forceinline__ float delta_step(float (&S)[NR], const float *
  * ROWS (a batched step's rows: B states, past L2's size from B = 2 at 4B): plain loads and
  * stores, and 4 blocks an SM rather than 5, which takes the 4-lane kernel's spills away (run
  * 204, 4B: a step of 8 3.300 -> 3.249 ms, of 16 4.258 -> 4.227; evict-last and streaming alike
- * at 5 blocks, within 1%).
+ * at 5 blocks, within 1%). Not kept (runs 212-219): each block prefetching its slice of the next
+ * DeltaNet layer's state into L2 (no change), and a persistent kernel taking its next items'
+ * states by cp.async into a double buffer (0.1 ms slower a step at B 1-8, 0.03 faster at 16):
+ * the rows are not waiting on DRAM latency (run 217: 1,235 instructions a warp, stalls spread
+ * over the loads, the block sums' barriers and issue).
  * DVC: the value head dimension as a constant (every Qwen3.5 size: 128; 0 takes dv_in), so the
  * state's NR row offsets are immediates of one address instead of NR address computations: the
  * single-sequence kernel's 44 bytes of spills went, 4B tg128 +1.2% (run 221). The ROWS kernel

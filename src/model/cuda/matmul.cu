@@ -927,7 +927,9 @@ gemm_skinny_kernel(const struct skinny_args a) {
  * Twenty-fourth session (bench/RESULTS.md): programmatic dependent launch took a step of 4 from
  * 3.423 to 3.300 ms, the norm staged in the kernel to 3.056; two rows here rather than a two-row
  * GEMV on CUDA cores, 2.97 against 3.21 ms. Not kept: 9..16 rows as two n tiles (a step of 16
- * 5.10 ms against cuBLAS's 4.27), 3 or 4 items in flight (3.09 / 3.28 ms), and a stream-K split
+ * 5.10 ms against cuBLAS's 4.27; runs 222-223, x staged by cp.async, 2 blocks an SM: 5.04 against
+ * 4.16, and 4.55 against 4.17 for the normed GEMMs alone), x staged by cp.async at 2..8 rows (run
+ * 212: no change), 3 or 4 items in flight (3.09 / 3.28 ms), and a stream-K split
  * of the steps over all blocks (3.32 ms). */
 extern "C" int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K) {
     (void)cu;
