@@ -174,6 +174,7 @@ static int bench_batch(struct model *m, const char *list) {
 #ifdef STRATA_CUDA
     if (is_cuda(m) && last_B > 0) {
         int32_t tok[MODEL_MAX_BATCH] = {0};
+        if (backend_cuda_trace_report(be, stdout)) printf("\n"); /* STRATA_TRACE=1: the last step */
         printf("\nper-op time of one batched step, B = %d:\n\n", last_B);
         backend_cuda_profile(be, 1);
         for (int st = 0; st < 3; st++) {

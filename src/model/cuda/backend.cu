@@ -203,10 +203,10 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
         act[j] = active;
         gapn[j] = gap;
         if (j < 12 || (j >= 60 && j < 72) || j + 3 >= cu->trace_n)
-            fprintf(f, "| %d | %d x %d%s%s%s, tpr %d | %.2f | %.2f..%.2f | %.2f | %.2f..%.2f | %.2f | %.0f | %.2f |\n",
+            fprintf(f, "| %d | %d x %d%s%s%s, %s %d | %.2f | %.2f..%.2f | %.2f | %.2f..%.2f | %.2f | %.0f | %.2f |\n",
                     j, cu->trace_N[j], cu->trace_K[j], cu->trace_flags[j] & 1 ? " norm" : "",
                     cu->trace_flags[j] & 2 ? " +res" : "", cu->trace_flags[j] & 4 ? " swiglu" : "",
-                    cu->trace_flags[j] >> 4, e0 / 1e3, r0 / 1e3, r1 / 1e3,
+                    cu->trace_flags[j] & 8 ? "rows" : "tpr", cu->trace_flags[j] >> 4, e0 / 1e3, r0 / 1e3, r1 / 1e3,
                     st / 1e3, dm / 1e3, d1 / 1e3, active / 1e3, bytes / active, gap / 1e3);
     }
     /* per class (N, K, flags, tpr): the same GEMV in every layer, averaged */
@@ -236,8 +236,9 @@ extern "C" int backend_cuda_trace_report(struct backend *be, FILE *f) {
     for (int c = 0; c < ncl; c++) {
         const int fl = cl[c].flags;
         double bytes = 2.0 * cl[c].N * cl[c].K * ((fl & 4) ? 2 : 1);
-        fprintf(f, "| %d x %d%s%s%s, tpr %d | %d | %.2f | %.0f | %.2f |\n", cl[c].N, cl[c].K,
-                fl & 1 ? " norm" : "", fl & 2 ? " +res" : "", fl & 4 ? " swiglu" : "", fl >> 4,
+        fprintf(f, "| %d x %d%s%s%s, %s %d | %d | %.2f | %.0f | %.2f |\n", cl[c].N, cl[c].K,
+                fl & 1 ? " norm" : "", fl & 2 ? " +res" : "", fl & 4 ? " swiglu" : "",
+                fl & 8 ? "rows" : "tpr", fl >> 4,
                 cl[c].n, cl[c].active / cl[c].n / 1e3, bytes * cl[c].n / cl[c].active,
                 cl[c].gap / cl[c].n / 1e3);
     }

@@ -568,14 +568,17 @@ extern "C" int cuda_gemv_regs(int shape, int *threads) {
 }
 
 /* Tracing: the job's timestamp slots (NULL when tracing is off or the buffer is full). */
-static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_job *j, int blocks) {
+static unsigned long long *trace_job(struct cuda *cu, int N, int K, int flags, int blocks) {
     if (!cu->trace || !cu->capturing || cu->trace_n >= CUDA_TRACE_JOBS || blocks * 4 > CUDA_TRACE_STRIDE) return NULL;
     int n = cu->trace_n++;
     cu->trace_blocks[n] = blocks;
-    cu->trace_N[n] = j->N;
-    cu->trace_K[n] = j->K;
-    cu->trace_flags[n] = (j->norm_w || j->gnorm_w ? 1 : 0) | (j->accumulate ? 2 : 0) | (j->swiglu ? 4 : 0) | (j->tpr << 4);
+    cu->trace_N[n] = N;
+    cu->trace_K[n] = K;
+    cu->trace_flags[n] = flags;
     return cu->trace + (size_t)n * CUDA_TRACE_STRIDE;
+}
+static unsigned long long *trace_slot(struct cuda *cu, const struct cuda_gemv_job *j, int blocks) {
+    return trace_job(cu, j->N, j->K, (j->norm_w || j->gnorm_w ? 1 : 0) | (j->accumulate ? 2 : 0) | (j->swiglu ? 4 : 0) | (j->tpr << 4), blocks);
 }
 
 /* Launches a decode GEMV job on the persistent grid with the shape the cost model picks (dry:
@@ -737,6 +740,7 @@ struct skinny_args {
     const uint16_t *x, *norm_w, *W;
     int N, K, T, accumulate, swiglu, S;
     float eps;
+    unsigned long long *trace; /* NULL, or (blocks, 4) stamps as the GEMV's (STRATA_TRACE=1) */
 };
 template <int D, bool STAGED>
 static __global__ void __launch_bounds__(SK_WARPS * WARP_SIZE, 2)
@@ -744,6 +748,8 @@ gemm_skinny_kernel(const struct skinny_args a) {
     extern __shared__ uint4 xs[]; /* STAGED: (8, K / 8 + SK_XPAD) x, then (K / 8,) norm weights */
     __shared__ float red[2][SK_WARPS][4][WARP_SIZE];
     grid_launch_dependents();
+    unsigned long long *tr = a.trace && threadIdx.x == 0 ? a.trace + 4 * blockIdx.x : NULL;
+    if (tr) tr[0] = gpu_time_ns();
     uint16_t *out = a.out;
     const int N = a.N, K = a.K, T = a.T, accumulate = a.accumulate, swiglu = a.swiglu, S = a.S;
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
@@ -865,6 +871,7 @@ gemm_skinny_kernel(const struct skinny_args a) {
         cp_async_commit();
     }
     grid_dependency_wait();
+    if (tr) tr[1] = gpu_time_ns();
     if (STAGED) {
         /* warp w stages row w: raw, with its sum of squares, then normalised in place (the
          * norm's weights are every thread's copies: after the barrier) */
@@ -907,6 +914,7 @@ gemm_skinny_kernel(const struct skinny_args a) {
 #pragma unroll
         for (int d = 0; d < D; d++) issue_x(xring[d], cpre[d]);
     }
+    if (tr) tr[2] = gpu_time_ns();
     for (int base = 0; base < n_items; base += D + 1) {
 #pragma unroll
         for (int r = 0; r <= D; r++) {
@@ -919,6 +927,7 @@ gemm_skinny_kernel(const struct skinny_args a) {
             compute(ring[r], xring[r]);
         }
     }
+    if (tr) tr[3] = gpu_time_ns();
 }
 
 /* Runs 168-172 (4B, cuBLAS with the norm as its own kernel, no programmatic dependent launch):
@@ -958,7 +967,10 @@ static void launch_skinny(struct cuda *cu, const struct skinny_args &a) {
     const long n_tiles = a.swiglu ? (a.N + 7) / 8 : (a.N + 15) / 16, slots = (long)occ * cu->info.n_sm;
     const long groups = (n_tiles + SK_WARPS / a.S - 1) / (SK_WARPS / a.S);
     const long blocks = groups < slots ? groups : slots;
-    gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(SK_WARPS * WARP_SIZE), smem, cu->stream, a);
+    struct skinny_args at = a; /* traced: flags 8 (a rows GEMM), its rows in place of the GEMV's threads */
+    at.trace = trace_job(cu, a.N, a.K, (STAGED || a.norm_w ? 1 : 0) | (a.accumulate ? 2 : 0) |
+                                           (a.swiglu ? 4 : 0) | 8 | (a.T << 4), (int)blocks);
+    gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3(SK_WARPS * WARP_SIZE), smem, cu->stream, at);
     GPU_LAUNCHED();
     cu->n_launches++;
 }
