@@ -980,7 +980,7 @@ extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x
     CHECK(cuda_gemm_rows_ok(cu, T, K));
     int S = SK_WARPS; /* the largest split (run 170: S = 8 as fast or faster at every 4B shape) */
     while ((K / 64) % S) S /= 2;
-    struct skinny_args a = {out, x, norm_w, W, N, K, T, accumulate, swiglu, S, eps};
+    struct skinny_args a = {out, x, norm_w, W, N, K, T, accumulate, swiglu, S, eps, NULL};
     if (norm_w && skinny_smem(K) <= SK_STAGED_MAX) {
         launch_skinny<true>(cu, a);
         return;
