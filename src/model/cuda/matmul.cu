@@ -939,7 +939,10 @@ gemm_skinny_kernel(const struct skinny_args a) {
  * 5.10 ms against cuBLAS's 4.27; runs 222-223, x staged by cp.async, 2 blocks an SM: 5.04 against
  * 4.16, and 4.55 against 4.17 for the normed GEMMs alone), x staged by cp.async at 2..8 rows (run
  * 212: no change), 3 or 4 items in flight (3.09 / 3.28 ms), and a stream-K split
- * of the steps over all blocks (3.32 ms). */
+ * of the steps over all blocks (3.32 ms). Nor other loads of the weights (runs 230-231, H100, a
+ * step of 4 3.79 ms): each instruction 4 whole 128-byte rows, remapped to the fragments by
+ * shuffles (3.92), .cg (3.88), .lu (3.84), .nc with L1::no_allocate (3.84), an L2 prefetch 2 / 4
+ * / 8 items ahead (3.80 / 3.96 / 4.12); nor .L2::256B (run 229, H200, 2.95 -> 3.08). */
 extern "C" int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K) {
     (void)cu;
     return T >= 2 && T <= 8 && K % 64 == 0;
