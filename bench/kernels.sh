@@ -27,6 +27,10 @@
 #   CONC        variants (as BATCH's) of bench/multiturn.sh concurrency (1-64 streaming clients)
 #   TGAB        rounds of `strata bench --tg-only` on 4b, this tree's binary then .carry/base's
 #               (an A/B of single-sequence decode that a machine's drift cannot bias)
+#   KTRACE      strata commands, "|" between them ($M the checkpoints' folder, e.g. "bench --model
+#               \$M/4b --ctx 8192 --pp-at 0:512 --reps 3"), each run with bench/kernel_trace.c
+#               injected: every kernel's start and end as it ran, to $OUT/ktrace-I.csv.xz, and
+#               bench/ktrace.py's digest of its longest phase (KTRACE_SHOW: another --show)
 #   NCU_SRC     a regex of demangled kernel names (e.g. "gdn_step_kernel.*bool\)1>"): per-SASS-
 #               instruction stall samples of one launch (after NCU_SKIP, default 5) in `strata
 #               $NCU_CMD`, to $OUT/sass.csv (columns as Nsight Compute's source page)
@@ -43,8 +47,13 @@ stage)
         build-http-gpu/libstrata.a -ljansson -lpcre2-8 -licuuc -licudata -lmicrohttpd -lm -lpthread \
         -L"$(dirname "$NVCC_PATH")/../lib64" -lcublasLt -lcudart_static -ldl -lrt -lstdc++ || exit 1
     mkdir -p "$DIR"
-    rm -f "$DIR"/*.xz "$DIR"/strata "$DIR"/test_cuda "$DIR"/strata_logits # (what a run here unpacked)
-    for b in build-http-gpu/strata build-http-gpu/tests/test_cuda build-http-gpu/strata_logits; do
+    rm -f "$DIR"/*.xz "$DIR"/strata "$DIR"/test_cuda "$DIR"/strata_logits "$DIR"/*.so* # (what a run here unpacked)
+    CUDA_LIB=$(dirname "$NVCC_PATH")/../lib
+    cc -std=c11 -O2 -shared -fPIC -I"$(dirname "$NVCC_PATH")/../include" -Wl,-rpath,'$ORIGIN' \
+        -o build-http-gpu/libkernel_trace.so bench/kernel_trace.c -L"$CUDA_LIB" -lcupti -lstdc++ || exit 1
+    cp -L "$CUDA_LIB/libcupti.so.13" build-http-gpu/libcupti.so.13 || exit 1
+    for b in build-http-gpu/strata build-http-gpu/tests/test_cuda build-http-gpu/strata_logits \
+        build-http-gpu/libkernel_trace.so build-http-gpu/libcupti.so.13; do
         strip -o "$DIR/$(basename "$b")" "$b" && xz -T0 -9 -f "$DIR/$(basename "$b")" || exit 1
     done
     [ -n "$(ls "$DEBS"/*.deb 2>/dev/null)" ] || bash bench/server-debs.sh download || exit 1
@@ -71,7 +80,7 @@ BENCH=${BENCH:-4b}
 need=$BENCH
 [ -n "${AB:-}" ] && need="$need 4b"
 [ -n "${NCU:-}" ] && need="$need 4b"
-[ -n "${BATCH:-}${CONC:-}${TGAB:-}${NCU_SRC:-}" ] && need="$need 4b"
+[ -n "${BATCH:-}${CONC:-}${TGAB:-}${NCU_SRC:-}${KTRACE:-}" ] && need="$need 4b"
 # the checkpoints, made while test_cuda runs
 (for s in $(echo $need | tr ' ' '\n' | sort -u); do
     [ -f $M/$s/config.json ] || python3 tools/compare_transformers.py random --size "$s" --out "$M/$s" 2>&1 | tail -1
@@ -138,6 +147,20 @@ for r in $(seq "${TGAB:-0}"); do
         echo "== tg128 $b (round $r): $($b bench --model "$M/4b" --tg-only --reps 3 2>&1 | grep -E '^tg128')"
     done
 done
+if [ -n "${KTRACE:-}" ]; then
+    i=0
+    IFS='|' read -ra kcmds <<<"$KTRACE"
+    for c in "${kcmds[@]}"; do
+        i=$((i + 1))
+        c=${c//\$M/$M}
+        echo "== ktrace $i: strata $c"
+        CUDA_INJECTION64_PATH=$PWD/$BIN/libkernel_trace.so KTRACE_OUT=$OUT/ktrace-$i.csv \
+            timeout 300 "$BIN/strata" $c >"$OUT/ktrace-$i.txt" 2>&1
+        echo "rc $?; $(wc -l <"$OUT/ktrace-$i.csv") kernels"
+        python3 bench/ktrace.py "$OUT/ktrace-$i.csv" --show "${KTRACE_SHOW:-longest}" --top 25 | tail -40
+        xz -T0 -f "$OUT/ktrace-$i.csv"
+    done
+fi
 if [ -n "${NCU_SRC:-}" ]; then
     NCUB=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     timeout 300 "$NCUB" --kernel-name-base demangled -k "regex:$NCU_SRC" --launch-skip "${NCU_SKIP:-5}" -c 1 \
