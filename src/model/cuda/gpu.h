@@ -359,6 +359,18 @@ static __device__ __forceinline__ void unpack8(uint4 v, float *f) {
     f[0] = lo_bf(v.x); f[1] = hi_bf(v.x); f[2] = lo_bf(v.y); f[3] = hi_bf(v.y);
     f[4] = lo_bf(v.z); f[5] = hi_bf(v.z); f[6] = lo_bf(v.w); f[7] = hi_bf(v.w);
 }
+/* 8 elements of the zero-centred RMSNorm: bf16(x * r * (1 + w)), r = rsqrt(mean(x^2) + eps) of
+ * the row (cpu.c's rmsnorm_row). */
+static __device__ __forceinline__ uint4 rmsnorm8(uint4 x, uint4 w, float r) {
+    float f[8], g[8];
+    unpack8(x, f);
+    unpack8(w, g);
+    return make_uint4(pack_bf(f[0] * r * (1.0f + g[0]), f[1] * r * (1.0f + g[1])),
+                      pack_bf(f[2] * r * (1.0f + g[2]), f[3] * r * (1.0f + g[3])),
+                      pack_bf(f[4] * r * (1.0f + g[4]), f[5] * r * (1.0f + g[5])),
+                      pack_bf(f[6] * r * (1.0f + g[6]), f[7] * r * (1.0f + g[7])));
+}
+
 static __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     float s = lo_bf(a.x) * lo_bf(b.x);
     s = fmaf(hi_bf(a.x), hi_bf(b.x), s);

@@ -8,18 +8,6 @@
 
 #define GEMV_THREADS 256
 
-/* 8 elements of the zero-centred RMSNorm: bf16(x * r * (1 + w)), r = rsqrt(mean(x^2) + eps) of
- * the row (cuda_rmsnorm's arithmetic, as cpu.c's rmsnorm_row). */
-static __device__ __forceinline__ uint4 rmsnorm8(uint4 x, uint4 w, float r) {
-    float f[8], g[8];
-    unpack8(x, f);
-    unpack8(w, g);
-    return make_uint4(pack_bf(f[0] * r * (1.0f + g[0]), f[1] * r * (1.0f + g[1])),
-                      pack_bf(f[2] * r * (1.0f + g[2]), f[3] * r * (1.0f + g[3])),
-                      pack_bf(f[4] * r * (1.0f + g[4]), f[5] * r * (1.0f + g[5])),
-                      pack_bf(f[6] * r * (1.0f + g[6]), f[7] * r * (1.0f + g[7])));
-}
-
 /* The two weight rows of row pair p: (2p, 2p + 1) for a plain GEMV (the second clamped to the
  * first and has1 false at an odd N), (p, p + N) for SwiGLU (gate row, up row). */
 template <bool SWIGLU>
@@ -461,23 +449,39 @@ gemv_tail_kernel(struct cuda_gemv_job job, float eps) {
     gemv_run<TPR, U, D, GEMV_PLAIN, true>(job, eps, xs, red, &s_done);
 }
 
-/* out = bf16(out + y), element-wise. Bytes: 6 n. */
+/* out = bf16(out + y), element-wise, 8 elements a thread (16-byte words: n % 8 == 0, both
+ * arrays 16-byte aligned; one 2-byte element a thread took 6.9 us for a 512 x 2,560 add, now
+ * 2.6: runs 233 / 235, H200). Bytes: 6 n. */
 static __global__ void add_kernel(uint16_t *out, const uint16_t *y, size_t n) {
     grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
     grid_dependency_wait();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = f2bf(bf2f(out[i]) + bf2f(y[i]));
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n / 8) return;
+    float a[8], b[8];
+    unpack8(((const uint4 *)out)[i], a);
+    unpack8(((const uint4 *)y)[i], b);
+    ((uint4 *)out)[i] = make_uint4(pack_bf(a[0] + b[0], a[1] + b[1]), pack_bf(a[2] + b[2], a[3] + b[3]),
+                                   pack_bf(a[4] + b[4], a[5] + b[5]), pack_bf(a[6] + b[6], a[7] + b[7]));
 }
 
-/* out[t, i] = bf16(bf16(silu(gu[t, i])) * gu[t, I + i]). Bytes: 6 T I. */
+/* out[t, i] = bf16(bf16(silu(gu[t, i])) * gu[t, I + i]), 8 outputs a thread (16-byte words:
+ * I % 8 == 0, both arrays 16-byte aligned; 512 x 9,216: 23.6 -> 9.1 us, ~3.1 TB/s, runs 233 /
+ * 235). Bytes: 6 T I. */
 static __global__ void swiglu_kernel(uint16_t *out, const uint16_t *gu, int T, int I) {
     grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
     grid_dependency_wait();
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)T * I) return;
-    size_t t = idx / I, i = idx % I;
-    float g = bf2f(gu[t * 2 * I + i]), u = bf2f(gu[t * 2 * I + I + i]);
-    out[idx] = f2bf(bfr(silu_f(g)) * u);
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int I8 = I / 8;
+    if (idx >= (size_t)T * I8) return;
+    const size_t t = idx / I8, i = idx % I8;
+    const uint4 *g4 = (const uint4 *)gu + t * 2 * I8;
+    float g[8], u[8];
+    unpack8(g4[i], g);
+    unpack8(g4[I8 + i], u);
+#pragma unroll
+    for (int e = 0; e < 8; e++) g[e] = bfr(silu_f(g[e])) * u[e];
+    ((uint4 *)out)[idx] = make_uint4(pack_bf(g[0], g[1]), pack_bf(g[2], g[3]), pack_bf(g[4], g[5]),
+                                     pack_bf(g[6], g[7]));
 }
 
 typedef void (*gemv_fn)(struct cuda_gemv_job, float);
@@ -696,14 +700,19 @@ extern "C" long cuda_gemv_groups(struct cuda *cu, int N, int K, int norm) {
     return launch_gemv(cu, job, 0.0f, 1);
 }
 
+static bool aligned16(const void *a, const void *b) { return (((uintptr_t)a | (uintptr_t)b) & 15) == 0; }
+
 extern "C" void cuda_add(struct cuda *cu, uint16_t *out, const uint16_t *y, size_t n) {
-    gpu_launch(cu->pdl, add_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cu->stream, out, y, n);
+    CHECK(n % 8 == 0 && aligned16(out, y));
+    gpu_launch(cu->pdl, add_kernel, dim3((unsigned)((n / 8 + 255) / 256)), dim3(256), 0, cu->stream, out, y, n);
     cu->n_launches++;
 }
 
 extern "C" void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, int T, int I) {
-    size_t n = (size_t)T * I;
-    gpu_launch(cu->pdl, swiglu_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, cu->stream, out, gu, T, I);
+    CHECK(I % 8 == 0 && aligned16(out, gu));
+    const size_t threads = (size_t)T * (I / 8);
+    gpu_launch(cu->pdl, swiglu_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0, cu->stream,
+               out, gu, T, I);
     cu->n_launches++;
 }
 
@@ -942,7 +951,10 @@ gemm_skinny_kernel(const struct skinny_args a) {
  * of the steps over all blocks (3.32 ms). Nor other loads of the weights (runs 230-231, H100, a
  * step of 4 3.79 ms): each instruction 4 whole 128-byte rows, remapped to the fragments by
  * shuffles (3.92), .cg (3.88), .lu (3.84), .nc with L1::no_allocate (3.84), an L2 prefetch 2 / 4
- * / 8 items ahead (3.80 / 3.96 / 4.12); nor .L2::256B (run 229, H200, 2.95 -> 3.08). */
+ * / 8 items ahead (3.80 / 3.96 / 4.12); nor .L2::256B (run 229, H200, 2.95 -> 3.08). Nor (runs
+ * 233 / 235, H200) the partials handed over by named barriers with a rotating reducer instead of
+ * the block barrier (3.14 -> 3.29), S = 4 (3.48) or 1 (5.64), or the first unit's next 3 / 8
+ * chunks requested into L2 before the wait (2.951 -> 2.952 / 3.006). */
 extern "C" int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K) {
     (void)cu;
     return T >= 2 && T <= 8 && K % 64 == 0;
