@@ -17,8 +17,8 @@
 #   BENCH_GREP  an egrep of the bench lines printed (default: the summary and prefill lines)
 #   AB          variants compared by `strata bench --pp-at $PPAT` on 4b, in order, ABR rounds:
 #               VAR=VALUE[:VAR2=VALUE2] words, "-" for none; PPAT default 0:4096,0:16384
-#   NCU         a kernel-name regex profiled by ncu (NCU_COUNT launches, default 4) in a 4,096-token
-#               4B prefill, or in `strata $NCU_CMD` (e.g. "bench --model /dev/shm/strata-models/4b
+#   NCU         a kernel-name regex profiled by ncu (NCU_COUNT launches, default 4) in an NCU_T-token
+#               (default 4,096) 4B prefill, or in `strata $NCU_CMD` (e.g. "bench --model /dev/shm/strata-models/4b
 #               --ctx 8192 --batch 4")
 #   COMPARE     sizes for compare_transformers.py compare --long 2048 (0.8b 4b)
 #   BATCH       variants of `strata bench --model 4b --ctx 8192 --batch $BATCHES` (default
@@ -135,7 +135,7 @@ for v in ${CONC:-}; do
 done
 if [ -n "${NCU:-}" ]; then
     NCUB=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-    ids=$(python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(1000, 200000)) for _ in range(4096)))")
+    ids=$(python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(1000, 200000)) for _ in range(${NCU_T:-4096})))")
     timeout 300 "$NCUB" -k "regex:$NCU" -c "${NCU_COUNT:-4}" --section SpeedOfLight --section WarpStateStats \
         --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
         "$BIN/strata" ${NCU_CMD:-run --model "$M/4b" --prompt-ids "$ids" -n 1 --ctx 8192 --backend cuda} >"$OUT/ncu.txt" 2>&1
