@@ -208,7 +208,12 @@ static void check_matmul(struct pair *p, const char *tag, int T, int N, int K, i
     char what[128];
     snprintf(what, sizeof what, "%s matmul T=%d N=%d K=%d%s%s", tag, T, N, K, norm ? " norm" : "",
              acc ? " +res" : "");
-    EXPECT(close_bf16(what, res[1], res[0], no), "%s", what);
+    /* with the residual: where it and the product nearly cancel, one ulp of the bf16 product
+     * (~2^-8 of the RMS here) stays whole in the sum, so the absolute term is 2^-7 of the RMS, as
+     * check_gdn's (seen: the demo's shape-4 GEMV, one element of 64 over 2^-8 once the random
+     * stream moved) */
+    EXPECT(acc ? close_bf16_tol3(what, res[1], res[0], no, 1.0 / 64, 1.0 / 128, 5e-3)
+               : close_bf16(what, res[1], res[0], no), "%s", what);
     free(x), free(w), free(nw_), free(o0), free(res[0]), free(res[1]);
 }
 
@@ -804,7 +809,8 @@ static void check_size(const char *size) {
     check_chain(&p, &c, size, 1);
     check_chain(&p, &c, size, 2);
     check_chain(&p, &c, size, 5);
-    check_chain(&p, &c, size, 12);
+    check_chain(&p, &c, size, 12); /* the prefill GEMMs: the residual add in the next norm's pass */
+    check_chain(&p, &c, size, 33);
     { /* a performance invariant, not a result: the decode DeltaNet step's block starts beside the
        * in_proj GEMV's two (runs 50, 52: 4B lost 2-4% when a GEMV change broke this) */
         char res[160];

@@ -469,18 +469,43 @@ static void op_embed(struct backend *be, uint16_t *out, const uint16_t *table, c
                              be->config->vocab_size));
 }
 
-/* x, or its rows normalised into cu->xn when norm_w is set (the GEMMs that take x as it is) */
+extern "C" void cuda_add_flush(struct cuda *cu) {
+    if (!cu->add_x) return;
+    uint16_t *x = cu->add_x;
+    cu->add_x = NULL;
+    cuda_add(cu, x, cu->y, cu->add_n);
+}
+
+/* x, or its rows normalised into cu->xn when norm_w is set (the GEMMs that take x as it is); the
+ * pending residual add into x (cu->add_x: the GEMM before left x + y to do) in the norm's pass */
 static const uint16_t *normed(struct cuda *cu, const uint16_t *x, const uint16_t *norm_w, int T,
                               int K, float eps) {
     if (!norm_w) return x;
     CHECK((size_t)T * K <= cu->xn_elems);
-    cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+    if (cu->add_x) {
+        CHECK(cu->add_x == x && cu->add_n == (size_t)T * K); /* op_matmul flushed any other */
+        cu->add_x = NULL;
+        cuda_add_rmsnorm(cu, cu->xn, (uint16_t *)x, cu->y, norm_w, T, K, eps);
+    } else {
+        cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+    }
     return cu->xn;
+}
+
+/* An op's state for a batched GEMM of x (T, K), the pending residual add launched unless it is
+ * into x and the GEMM's RMSNorm of x can take it (normed) */
+static struct cuda *cuda_for_gemm(struct backend *be, const uint16_t *x, const uint16_t *norm_w,
+                                  int T, int K) {
+    struct cuda *cu = cuda_peek(be);
+    if (cu->add_x && !(norm_w && T > 1 && x == cu->add_x && cu->add_n == (size_t)T * K &&
+                       !cuda_gemm_rows_ok(cu, T, K)))
+        cuda_add_flush(cu);
+    return cu;
 }
 
 static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                       const uint16_t *W, int T, int N, int K, int accumulate) {
-    struct cuda *cu = cuda_of(be);
+    struct cuda *cu = cuda_for_gemm(be, x, norm_w, T, K);
     float eps = be->config->rms_norm_eps;
     CHECK(T >= 1 && K % 8 == 0);
     if (T == 1) {
@@ -496,10 +521,10 @@ static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, cons
     }
     cuda_prof_begin(cu, "gemm (prefill)");
     const uint16_t *in = normed(cu, x, norm_w, T, K, eps);
-    if (accumulate) {
-        CHECK((size_t)T * N <= cu->y_elems);
+    if (accumulate) { /* out += y: left to the next op (in the pass of out's RMSNorm, normed) */
+        CHECK((size_t)T * N <= cu->y_elems && !cu->add_x);
         cuda_gemm(cu, cu->y, in, W, T, N, K);
-        cuda_add(cu, out, cu->y, (size_t)T * N);
+        cu->add_x = out, cu->add_n = (size_t)T * N;
     } else {
         cuda_gemm(cu, out, in, W, T, N, K);
     }
@@ -508,7 +533,7 @@ static void op_matmul(struct backend *be, uint16_t *out, const uint16_t *x, cons
 
 static void op_matmul_swiglu(struct backend *be, uint16_t *out, const uint16_t *x,
                              const uint16_t *norm_w, const uint16_t *W_gu, int T, int I, int K) {
-    struct cuda *cu = cuda_of(be);
+    struct cuda *cu = cuda_for_gemm(be, x, norm_w, T, K);
     float eps = be->config->rms_norm_eps;
     CHECK(T >= 1 && K % 8 == 0);
     if (T == 1) {
@@ -568,8 +593,8 @@ static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const
                          const uint16_t *in_norm, const uint16_t *W_in, const uint16_t *q_norm,
                          const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
                          const int32_t *pos, int T) {
-    struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
+    struct cuda *cu = W_in ? cuda_for_gemm(be, h, in_norm, T, c->hidden_size) : cuda_of(be);
     CHECK(T >= 1 && T <= be->max_T);
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     const int N_in = 2 * nH * hd + 2 * nKV * hd;
@@ -611,8 +636,8 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
                    const uint16_t *W_in, uint16_t *conv_state, const uint16_t *conv_w,
                    const float *A_log, const float *dt_bias, const float *norm_w, float *state,
                    const uint16_t *W_out, const int32_t *pos, int T, const struct backend_snap *snap) {
-    struct cuda *cu = cuda_of(be);
     const struct config *c = be->config;
+    struct cuda *cu = W_in ? cuda_for_gemm(be, h, in_norm, T, c->hidden_size) : cuda_of(be);
     CHECK(T >= 1 && T <= be->max_T);
     const int H = c->hidden_size, value_dim = c->value_dim, conv_dim = c->conv_dim;
     const int Hv = c->linear_num_value_heads;
@@ -638,7 +663,7 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
                  cuda_gemv_gated(cu, h, cu->gdn_o, cu->gdn_sz, norm_w, c->linear_value_head_dim,
                                  W_out, H, value_dim, c->rms_norm_eps));
         } else { /* small shapes (the demo model): the norm as its own kernel, a plain GEMV */
-            PROF("gdn norm", cuda_gdn_norm(cu, c, cu->xn, proj, norm_w, 1));
+            PROF("gdn norm", cuda_gdn_norm(cu, c, cu->xn, proj, norm_w, 1, NULL, NULL));
             PROF("gemv (+residual)", cuda_gemv(cu, h, cu->xn, NULL, W_out, H, value_dim,
                                                c->rms_norm_eps, 1, 0));
         }

@@ -284,30 +284,45 @@ gdn_step_kernel(uint16_t *obuf, float *sz, const uint16_t *proj, uint16_t *conv_
 
 /* ---- prefill -------------------------------------------------------------------------------- */
 
-/* Conv + SiLU for GDN_CONV_TT tokens from blockIdx.y * GDN_CONV_TT and one dk-wide head of
- * channels (blockIdx.x < conv_dim / dk), a thread per CPT adjacent channels sliding along the
- * tokens (each input read once, all of them in flight at once; CPT 2 where dk allows: one
- * 4-byte load per token for both), then for q/k heads the L2 norm of each token; the extra
- * block row blockIdx.x == conv_dim / dk computes beta and g. (A block per token, as before run
- * 180, was latency-bound: 266k blocks of a few loads each for a 4,096-token 4B layer; a thread
- * per channel, runs 180-186, issue-bound: IPC 2.45 at 22% of DRAM's bandwidth.)
- * Bytes: ~2 T conv_dim (x, once) + 4 T (2 key_dim) + 2 T value_dim; FLOPs: ~12 T conv_dim. */
-#define GDN_CONV_TT 16
+/* SiLU with the fast exponential and division (a few ulp of fp32 before the bf16 rounding that
+ * follows it; the accurate pair was most of the conv kernel's instructions) */
+static __device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+
+/* Conv + SiLU, then for q/k heads each token's L2 norm: a warp per (dk-wide head, GDN_CONV_TT
+ * tokens), lane l taking the CPT = dk / 32 adjacent channels from CPT l (one 2/4/8-byte load a
+ * token, all GDN_CONV_TT + 3 of them in flight at once), the token's sum of squares a warp
+ * butterfly; GDN_CONV_WARPS warps a block take consecutive spans of one head, and the extra block
+ * row blockIdx.x == conv_dim / dk computes beta and g. Bytes: ~2 T conv_dim (x, once) + 4 T
+ * (2 key_dim) + 2 T value_dim; FLOPs: ~12 T conv_dim. (Before run 237: a thread per 2 channels, 16
+ * tokens held for a block-wide norm, the accurate expf / division / sqrt: 25.6 us for a 512-token
+ * 4B layer on an H100, ~60 instructions an element, IPC 1.6 at 8% of DRAM's bandwidth under Nsight
+ * Compute (run 236). This kernel, runs 237-241 (H100): 12.6 us at 16 tokens a warp, 11.4 at 8,
+ * and the same chunk prep after it 44.3 us after the first, 37.5 after the second (traced; its
+ * blocks start sooner after a grid of shorter ones); 4 tokens no better.) */
+#define GDN_CONV_TT 8
+#define GDN_CONV_WARPS 4
 template <int CPT>
-static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, const uint16_t *proj,
-                                       const uint16_t *conv_state, const uint16_t *conv_w,
-                                       const float *A_log, const float *dt_bias, const int32_t *pos,
-                                       int T, int Hk, int Hv, int dk, int conv_dim, int value_dim) {
-    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
-    grid_dependency_wait();
-    static_assert(CPT == 1 || CPT == 2, "channels a thread: 1 or 2");
-    constexpr int TT = GDN_CONV_TT;
-    __shared__ float red[TT][32];
-    const int t0 = blockIdx.y * TT, hb = blockIdx.x, tid = threadIdx.x, nt = min(TT, T - t0);
+static __global__ void __launch_bounds__(GDN_CONV_WARPS *WARP_SIZE)
+gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, const uint16_t *proj, const uint16_t *conv_state,
+                const uint16_t *conv_w, const float *A_log, const float *dt_bias, const int32_t *pos, int T,
+                int Hk, int Hv, int dk, int conv_dim, int value_dim) {
+    static_assert(CPT == 1 || CPT == 2 || CPT == 4, "channels a lane: 1, 2 or 4");
+    constexpr int TT = GDN_CONV_TT, NWD = (CPT + 1) / 2; /* 4-byte words a token */
+    grid_launch_dependents();
+    const int hb = blockIdx.x, lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int nh = conv_dim / dk, ch = hb * dk + lane * CPT; /* dk == 32 CPT */
     const size_t row = (size_t)conv_dim + value_dim + 2 * Hv;
-    if (hb == conv_dim / dk) {
-        for (int idx = tid; idx < nt * Hv; idx += blockDim.x) {
-            const int t = t0 + idx / Hv, v = idx % Hv;
+    float w[CPT][4]; /* the conv's weights (not the previous kernel's output): before the wait */
+    if (hb < nh)
+#pragma unroll
+        for (int c = 0; c < CPT; c++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[c][j] = bf2f(conv_w[(size_t)(ch + c) * 4 + j]);
+    grid_dependency_wait();
+    if (hb == nh) {
+        const int b0 = blockIdx.y * TT * GDN_CONV_WARPS, nb = min(TT * GDN_CONV_WARPS, T - b0);
+        for (int idx = threadIdx.x; idx < nb * Hv; idx += blockDim.x) {
+            const int t = b0 + idx / Hv, v = idx % Hv;
             const uint16_t *x = proj + t * row;
             float b = bf2f(x[conv_dim + value_dim + v]), a = bf2f(x[conv_dim + value_dim + Hv + v]);
             bg[((size_t)t * Hv + v) * 2] = bfr(sigmoid_f(b));
@@ -315,84 +330,72 @@ static __global__ void gdn_conv_kernel(uint16_t *ybuf, float *qk, float *bg, con
         }
         return;
     }
-    const int cl = tid * CPT, ch = hb * dk + cl; /* blockDim.x == dk / CPT */
-    float w[CPT][4], x[TT + 3][CPT], y[TT][CPT];
-#pragma unroll
-    for (int c = 0; c < CPT; c++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) w[c][j] = bf2f(conv_w[(size_t)(ch + c) * 4 + j]);
+    const int t0 = (blockIdx.y * GDN_CONV_WARPS + wid) * TT;
+    if (t0 >= T) return;
     const int p0 = *pos;
+    uint32_t r[TT + 3][NWD]; /* inputs of tokens t0 - 3 .. t0 + TT - 1 as bf16; < 0: from the ring */
 #pragma unroll
-    for (int j = 0; j < TT + 3; j++) { /* inputs of tokens t0 - 3 .. t0 + TT - 1; < 0: from the ring */
+    for (int j = 0; j < TT + 3; j++) {
         const int s = t0 - 3 + j;
         if (s >= T) {
 #pragma unroll
-            for (int c = 0; c < CPT; c++) x[j][c] = 0.0f;
+            for (int q = 0; q < NWD; q++) r[j][q] = 0;
         } else if (s >= 0) {
             const uint16_t *src = proj + (size_t)s * row + ch;
-            if (CPT == 2) {
-                const uint32_t v = *(const uint32_t *)src;
-                x[j][0] = lo_bf(v);
-                x[j][CPT - 1] = hi_bf(v);
+            if (CPT == 4) {
+                const uint2 v = *(const uint2 *)src;
+                r[j][0] = v.x, r[j][NWD - 1] = v.y;
+            } else if (CPT == 2) {
+                r[j][0] = *(const uint32_t *)src;
             } else {
-                x[j][0] = bf2f(src[0]);
+                r[j][0] = src[0];
             }
         } else {
+            uint32_t h[CPT];
 #pragma unroll
-            for (int c = 0; c < CPT; c++) x[j][c] = bf2f(conv_state[(size_t)(ch + c) * 4 + ((p0 + s) & 3)]);
+            for (int c = 0; c < CPT; c++) h[c] = conv_state[(size_t)(ch + c) * 4 + ((p0 + s) & 3)];
+#pragma unroll
+            for (int q = 0; q < NWD; q++) r[j][q] = CPT == 1 ? h[0] : h[2 * q] | h[(2 * q + 1) % CPT] << 16;
         }
     }
+    const bool norm = hb < 2 * Hk;
+    const float scale = hb < Hk ? rsqrtf((float)dk) : 1.0f;
 #pragma unroll
-    for (int i = 0; i < TT; i++)
+    for (int i = 0; i < TT; i++) {
+        if (t0 + i >= T) break;
+        float y[CPT], ss = 0.0f;
 #pragma unroll
         for (int c = 0; c < CPT; c++) {
             float acc = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc += w[c][j] * x[i + j][c];
-            y[i][c] = bfr(silu_f(bfr(acc)));
+            for (int j = 0; j < 4; j++) acc += w[c][j] * (c % 2 ? hi_bf(r[i + j][c / 2]) : lo_bf(r[i + j][c / 2]));
+            y[c] = bfr(silu_fast(bfr(acc)));
+            ss += y[c] * y[c];
         }
-    if (hb >= 2 * Hk) {
-#pragma unroll
-        for (int i = 0; i < TT; i++) {
-            if (i >= nt) break;
+        if (!norm) {
             uint16_t *dst = ybuf + (size_t)(t0 + i) * conv_dim + ch;
-            if (CPT == 2)
-                *(uint32_t *)dst = pack_bf(y[i][0], y[i][CPT - 1]);
+            if (CPT == 4)
+                *(uint2 *)dst = make_uint2(pack_bf(y[0], y[1 % CPT]), pack_bf(y[2 % CPT], y[3 % CPT]));
+            else if (CPT == 2)
+                *(uint32_t *)dst = pack_bf(y[0], y[1 % CPT]);
             else
-                dst[0] = f2bf(y[i][0]);
+                dst[0] = f2bf(y[0]);
+            continue;
         }
-        return;
-    }
-    const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, nw = blockDim.x / WARP_SIZE;
-    { /* the TT sums of squares over the warp at once: lane l ends with token l / (WARP_SIZE / TT)'s */
-        float sq[TT];
-#pragma unroll
-        for (int i = 0; i < TT; i++) {
-            sq[i] = y[i][0] * y[i][0];
-#pragma unroll
-            for (int c = 1; c < CPT; c++) sq[i] += y[i][c] * y[i][c];
-        }
-        const float ss = warp_sum_scatter<TT>(sq);
-        if (lane % (WARP_SIZE / TT) == 0) red[lane / (WARP_SIZE / TT)][wid] = ss;
-    }
-    __syncthreads();
-    const float scale = hb < Hk ? 1.0f / sqrtf((float)dk) : 1.0f;
-#pragma unroll
-    for (int i = 0; i < TT; i++) {
-        if (i >= nt) break;
-        float ss = 0.0f;
-        for (int k = 0; k < nw; k++) ss += red[i][k];
-        const float inv = 1.0f / sqrtf(ss + 1e-6f);
-        float *dst = qk + ((size_t)(t0 + i) * 2 * Hk + hb) * dk + cl;
-        if (CPT == 2)
-            *(float2 *)dst = make_float2(y[i][0] * inv * scale, y[i][CPT - 1] * inv * scale);
+        const float inv = rsqrtf(warp_sum(ss) + 1e-6f);
+        float *dst = qk + ((size_t)(t0 + i) * 2 * Hk + hb) * dk + lane * CPT;
+        if (CPT == 4)
+            *(float4 *)dst = make_float4(y[0] * inv * scale, y[1 % CPT] * inv * scale,
+                                         y[2 % CPT] * inv * scale, y[3 % CPT] * inv * scale);
+        else if (CPT == 2)
+            *(float2 *)dst = make_float2(y[0] * inv * scale, y[1 % CPT] * inv * scale);
         else
-            dst[0] = y[i][0] * inv * scale;
+            dst[0] = y[0] * inv * scale;
     }
 }
 
 /* The rings of the checkpoints inside the call (blockIdx.y: which), from the old ring and the
- * call's inputs, before gdn_conv_state_kernel moves the ring on: after t tokens, column
+ * call's inputs, before gdn_norm_kernel moves the ring on: after t tokens, column
  * (pos + s) & 3 holds the input of s = t - 4 .. t - 1. Bytes: ~8 conv_dim a checkpoint. */
 static __global__ void gdn_conv_snap_kernel(struct backend_snap snap, const uint16_t *conv_state,
                                             const uint16_t *proj, const int32_t *pos, int conv_dim,
@@ -405,17 +408,6 @@ static __global__ void gdn_conv_snap_kernel(struct backend_snap snap, const uint
     for (int s = t - 4; s < t; s++)
         snap.conv[i][(size_t)ch * 4 + ((p + s) & 3)] =
             s >= 0 ? proj[(size_t)s * row + ch] : conv_state[(size_t)ch * 4 + ((p + s) & 3)];
-}
-
-/* The ring after the prompt: the last (up to) 4 raw inputs into their columns. Bytes: ~4 conv_dim. */
-static __global__ void gdn_conv_state_kernel(uint16_t *conv_state, const uint16_t *proj,
-                                             const int32_t *pos, int T, int conv_dim, size_t row) {
-    grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
-    grid_dependency_wait();
-    int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= conv_dim) return;
-    uint16_t *st = conv_state + (size_t)ch * 4;
-    for (int s = T > 4 ? T - 4 : 0; s < T; s++) st[(*pos + s) & 3] = proj[(size_t)s * row + ch];
 }
 
 /* ---- prefill: the chunked gated delta rule (qwen35-model.md 4.2) ----------------------------
@@ -473,11 +465,16 @@ static __device__ __forceinline__ void split_a(uint32_t (&ah)[4], uint32_t (&al)
 #define GDN_PAD 8       /* floats of padding per shared row of the prep (16-byte rows; the
                          * fragments' 8-byte loads bank-conflict free) */
 
+/* The prep's A_kk / A_qk tiles by warp: {m-tile, first 8-key tile, count} (20 tiles on or below
+ * the diagonal of 4 m-tiles by 8 key tiles; at most 3 a warp) */
+__constant__ const int gdn_a_tiles[8][3] = {{3, 0, 3}, {3, 3, 3}, {3, 6, 2}, {2, 0, 3},
+                                            {2, 3, 3}, {1, 0, 2}, {1, 2, 2}, {0, 0, 2}};
+
 /* Block (chunk, value head). Writes W and k exp(gamma_last - gamma)^T (bf16 hi / lo planes, per
  * chunk and value head), U (T, Hv, dv), A_qk (T, Hv, GDN_C) (zero above the diagonal) for the
  * chunk's rows, and replaces bg's g of those rows by gamma. A_kk and A_qk on tensor cores
  * (mma_split), the substitution below. Shared: k, q (GDN_C, DK + pad), A_kk (GDN_C, GDN_C +
- * pad), gamma, beta; then [W | U] over k and q.
+ * pad), gamma, beta, exp(gamma), exp(gamma_last - gamma); then [W | U] over k and q.
  * Bytes: ~T Hv (8 dk (q, k from L2) + 2 dv + 4 (2 dk + dv + GDN_C)); FLOPs: ~T Hv (4 GDN_C dk +
  * GDN_C (dk + dv)), the first half issued 3 times. */
 template <int DK, int DV>
@@ -489,7 +486,7 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
     extern __shared__ float4 cp_sm[];
     constexpr int RS = DK + GDN_PAD, AS = GDN_C + GDN_PAD;
     float *ks = (float *)cp_sm, *qs = ks + GDN_C * RS, *As = qs + GDN_C * RS;
-    float *gam = As + GDN_C * AS, *bet = gam + GDN_C;
+    float *gam = As + GDN_C * AS, *bet = gam + GDN_C, *eg = bet + GDN_C, *egl = eg + GDN_C;
     const int c = blockIdx.x, v = blockIdx.y, kh = v / (Hv / Hk), tid = threadIdx.x;
     const int t0 = c * GDN_C, L = min(GDN_C, T - t0), key_dim = Hk * DK;
 
@@ -510,22 +507,35 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
         gam[tid] = ok ? bg[((size_t)(t0 + tid) * Hv + v) * 2 + 1] : 0.0f;
     }
     __syncthreads();
-    if (tid == 0) { /* HF: g = g.cumsum(dim=-1), in order */
-        float acc = 0.0f;
-        for (int i = 0; i < GDN_C; i++) gam[i] = acc += gam[i];
+    if (tid == 0) { /* HF: g = g.cumsum(dim=-1), in order (in registers: one shared round trip) */
+        float r[GDN_C], acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GDN_C; i++) r[i] = gam[i];
+#pragma unroll
+        for (int i = 0; i < GDN_C; i++) r[i] = acc += r[i];
+#pragma unroll
+        for (int i = 0; i < GDN_C; i++) gam[i] = r[i];
     }
     __syncthreads();
     if (tid < L) bg[((size_t)(t0 + tid) * Hv + v) * 2 + 1] = gam[tid];
+    if (tid < GDN_C) { /* the decays of W's and the state update's k, once a row (read after the
+                        * barrier that ends the A_kk / A_qk part) */
+        eg[tid] = expf(gam[tid]);
+        egl[tid] = expf(gam[L - 1] - gam[tid]);
+    }
 
-    /* A_kk and A_qk on tensor cores (mma_split, operands split from the fp32 tiles): warp w
-     * the rows of m-tile w % 4 against keys 32 (w / 4) .. + 31, tiles wholly above the diagonal
-     * skipped (warp-uniform) */
+    /* A_kk and A_qk on tensor cores (mma_split, operands split from the fp32 tiles): the 20 8-key
+     * tiles on or below the diagonal (m-tile mt: key tiles 0 .. 2 mt + 1), 2 or 3 a warp, one
+     * m-tile each (gdn_a_tiles: the busiest warp had 4, two had none); A_qk's tiles above them
+     * zero (A_kk's are never read) */
+    static_assert(GDN_C == 64 && GDN_CT == 256, "gdn_a_tiles: 4 m-tiles, 8 warps");
     {
         const int wid = tid / WARP_SIZE, lane = tid % WARP_SIZE, g = lane / 4, t4 = lane % 4;
-        const int mt = wid % 4, nb = 4 * (wid / 4), i0 = 16 * mt + g;
-        float kk[4][4], qq[4][4];
+        const int mt = gdn_a_tiles[wid][0], nb = gdn_a_tiles[wid][1], cnt = gdn_a_tiles[wid][2];
+        const int i0 = 16 * mt + g;
+        float kk[3][4], qq[3][4];
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+        for (int n = 0; n < 3; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) kk[n][e] = qq[n][e] = 0.0f;
         const float *k0 = ks + i0 * RS + 2 * t4, *k1 = k0 + 8 * RS, *q0 = qs + i0 * RS + 2 * t4, *q1 = q0 + 8 * RS;
@@ -536,8 +546,8 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
             split_a(kh, kl, k0 + d, k1 + d);
             split_a(qh, ql, q0 + d, q1 + d);
 #pragma unroll
-            for (int n = 0; n < 4; n++) {
-                if (8 * (nb + n) > 16 * mt + 15) continue;
+            for (int n = 0; n < 3; n++) {
+                if (n >= cnt) continue; /* warp-uniform */
                 const float *kj = ks + (8 * (nb + n) + g) * RS + d + 2 * t4;
                 uint32_t bh0, bl0, bh1, bl1;
                 x = *(const float2 *)kj, split_bf(x.x, x.y, bh0, bl0);
@@ -547,7 +557,8 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
             }
         }
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+        for (int n = 0; n < 3; n++) {
+            if (n >= cnt) continue;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int i = i0 + 8 * h, j = 8 * (nb + n) + 2 * t4;
@@ -560,6 +571,12 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
                     *(float2 *)(a_out + ((size_t)(t0 + i) * Hv + v) * GDN_C + j) =
                         make_float2(qq[n][2 * h] * dec0, qq[n][2 * h + 1] * dec1);
             }
+        }
+        for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += GDN_CT) { /* A_qk past the m-tile's keys */
+            const int i = idx / (GDN_C / 4), j = idx % (GDN_C / 4) * 4;
+            if (i < L && j >= 16 * (i / 16) + 16)
+                *(float4 *)(a_out + ((size_t)(t0 + i) * Hv + v) * GDN_C + j) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     }
     __syncthreads();
 
@@ -577,27 +594,30 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
     uint16_t *wp = w_out + ((size_t)c * Hv + v) * 2 * GDN_C * DK;
     {
         float x[GDN_C];
+        static_assert(DK == DV, "the decayed k's rows split between the k and the v columns");
         if (col < DK) {
-            const float glast = gam[L - 1];
-            uint16_t *kp = kd_out + ((size_t)c * Hv + v) * 2 * DK * GDN_C + (size_t)col * GDN_C;
 #pragma unroll
-            for (int i8 = 0; i8 < GDN_C; i8 += 8) {
-                uint32_t h[4], l[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const int i = i8 + 2 * q;
-                    const float k0 = ks[i * RS + col], k1 = ks[(i + 1) * RS + col];
-                    x[i] = bet[i] * k0 * expf(gam[i]);
-                    x[i + 1] = bet[i + 1] * k1 * expf(gam[i + 1]);
-                    split_bf(k0 * expf(glast - gam[i]), k1 * expf(glast - gam[i + 1]), h[q], l[q]);
-                }
-                *(uint4 *)(kp + i8) = make_uint4(h[0], h[1], h[2], h[3]);
-                *(uint4 *)(kp + (size_t)DK * GDN_C + i8) = make_uint4(l[0], l[1], l[2], l[3]);
-            }
+            for (int i = 0; i < GDN_C; i++) x[i] = bet[i] * ks[i * RS + col] * eg[i];
         } else if (col < NCOL) {
             const uint16_t *vp = ybuf + 2 * (size_t)key_dim + (size_t)v * DV + (col - DK);
 #pragma unroll
             for (int i = 0; i < GDN_C; i++) x[i] = i < L ? bet[i] * bf2f(vp[(size_t)(t0 + i) * conv_dim]) : 0.0f;
+        }
+        if (col < NCOL) { /* k exp(gamma_last - gamma): its rows 0 .. 31 by the k columns, 32 .. 63
+                           * by the v columns (the v columns' own part is the lighter; their loads first) */
+            const int kc = col < DK ? col : col - DK, r0 = col < DK ? 0 : GDN_C / 2;
+            uint16_t *kp = kd_out + ((size_t)c * Hv + v) * 2 * DK * GDN_C + (size_t)kc * GDN_C + r0;
+#pragma unroll
+            for (int i8 = 0; i8 < GDN_C / 2; i8 += 8) {
+                uint32_t h[4], l[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int i = r0 + i8 + 2 * q;
+                    split_bf(ks[i * RS + kc] * egl[i], ks[(i + 1) * RS + kc] * egl[i + 1], h[q], l[q]);
+                }
+                *(uint4 *)(kp + i8) = make_uint4(h[0], h[1], h[2], h[3]);
+                *(uint4 *)(kp + (size_t)DK * GDN_C + i8) = make_uint4(l[0], l[1], l[2], l[3]);
+            }
         }
         __syncthreads(); /* every read of k done: X goes over it */
         if (col < NCOL)
@@ -639,9 +659,12 @@ gdn_chunk_prep_kernel(uint16_t *w_out, uint16_t *kd_out, float *u_out, float *a_
             for (int i = 0; i < 16; i++) y[i] = X[(16 * b + i) * XS + col];
 #pragma unroll
             for (int i = 1; i < 16; i++) {
-                float acc = y[i];
+                float a[16], acc = y[i]; /* the row's coefficients: 16-byte (broadcast) loads */
 #pragma unroll
-                for (int j = 0; j < i; j++) acc -= As[(16 * b + i) * AS + 16 * b + j] * y[j];
+                for (int q = 0; q < 4; q++)
+                    if (4 * q < i) *(float4 *)(a + 4 * q) = *(const float4 *)(As + (16 * b + i) * AS + 16 * b + 4 * q);
+#pragma unroll
+                for (int j = 0; j < i; j++) acc -= a[j] * y[j];
                 y[i] = acc;
             }
 #pragma unroll
@@ -958,15 +981,26 @@ gdn_chunk_o_kernel(uint16_t *o_out, const uint16_t *h_in, const uint16_t *vn_in,
 }
 
 /* Gated RMSNorm, a warp per (token, value head): out = bf16(bf16(w * bf16(o * rsqrt(mean(o^2) +
- * eps))) * silu(z)). Bytes: 6 T value_dim; FLOPs: ~10 T value_dim. */
+ * eps))) * silu(z)) (silu_fast). Bytes: 6 T value_dim; FLOPs: ~10 T value_dim. With conv_state (a prefill
+ * call), the blocks past the norm's move the conv ring on: the last (up to) 4 raw inputs into their
+ * columns (~4 conv_dim bytes), after every kernel that read the old ring (the conv, the
+ * checkpoints' rings). */
 static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, const uint16_t *proj,
                                        const float *norm_w, int T, int Hv, int dv, int conv_dim,
-                                       size_t row, float eps) {
+                                       size_t row, float eps, uint16_t *conv_state, const int32_t *pos) {
     /* programmatic dependent launch: nothing to do before the wait; the next kernel (the
      * out_proj) may start its weight loads at once */
     grid_launch_dependents();
     grid_dependency_wait();
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int norm_blocks = (T * Hv + blockDim.x / WARP_SIZE - 1) / (blockDim.x / WARP_SIZE);
+    if ((int)blockIdx.x >= norm_blocks) {
+        const int ch = (blockIdx.x - norm_blocks) * blockDim.x + threadIdx.x;
+        if (ch >= conv_dim) return;
+        uint16_t *st = conv_state + (size_t)ch * 4;
+        for (int s = T > 4 ? T - 4 : 0; s < T; s++) st[(*pos + s) & 3] = proj[(size_t)s * row + ch];
+        return;
+    }
     const int item = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     if (item >= T * Hv) return;
     const int t = item / Hv, v = item % Hv;
@@ -994,7 +1028,7 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
             const float z[4] = {lo_bf(zw[m].x), hi_bf(zw[m].x), lo_bf(zw[m].y), hi_bf(zw[m].y)};
             float r[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) r[e] = bfr(norm_w[j + e] * bfr(x[e] * rr)) * silu_f(z[e]);
+            for (int e = 0; e < 4; e++) r[e] = bfr(norm_w[j + e] * bfr(x[e] * rr)) * silu_fast(z[e]);
             *(uint2 *)(op + j) = make_uint2(pack_bf(r[0], r[1]), pack_bf(r[2], r[3]));
         }
     }
@@ -1134,7 +1168,7 @@ extern "C" void cuda_gdn_step_rows(struct cuda *cu, const struct config *c, uint
     case 128: launch_step_lpc<128>(cu, c, cu->gdn_o, NULL, proj, NULL, conv_w, A_log, dt_bias, NULL, pos, NULL, 0, *rows, B); break;
     default: CHECK(!"unsupported linear_key_head_dim");
     }
-    cuda_gdn_norm(cu, c, out, proj, norm_w, B);
+    cuda_gdn_norm(cu, c, out, proj, norm_w, B, NULL, NULL);
 }
 
 /* State columns per block of the chunk pass: 32 where that still gives ~an SM's worth of blocks
@@ -1181,7 +1215,7 @@ static void launch_chunked(struct cuda *cu, const struct config *c, float *state
                            const struct backend_snap &snap) {
     const int Hv = c->linear_num_value_heads;
     CHECK(c->linear_value_head_dim == DK); /* dk == dv (backend_cuda_create) */
-    const size_t smem = ((size_t)2 * GDN_C * (DK + GDN_PAD) + GDN_C * (GDN_C + GDN_PAD) + 2 * GDN_C) *
+    const size_t smem = ((size_t)2 * GDN_C * (DK + GDN_PAD) + GDN_C * (GDN_C + GDN_PAD) + 4 * GDN_C) *
                         sizeof(float);
     static int opted;
     if (!opted && smem > 48 * 1024) GPU_SMEM_OPTIN((gdn_chunk_prep_kernel<DK, DK>), smem);
@@ -1219,36 +1253,48 @@ static void launch_scan(struct cuda *cu, const struct config *c, float *state, i
     cu->n_launches++;
 }
 
+static void launch_conv(struct cuda *cu, const struct config *c, const uint16_t *proj, const uint16_t *conv_state,
+                        const uint16_t *conv_w, const float *A_log, const float *dt_bias, const int32_t *pos,
+                        int T) {
+    const int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim;
+    const int conv_dim = c->conv_dim, span = GDN_CONV_TT * GDN_CONV_WARPS;
+    const dim3 grid(conv_dim / dk + 1, (T + span - 1) / span), block(GDN_CONV_WARPS * WARP_SIZE);
+    switch (dk) {
+    case 32:
+        gpu_launch(cu->pdl, gdn_conv_kernel<1>, grid, block, 0, cu->stream, cu->gdn_y, cu->gdn_qk, cu->gdn_bg,
+                   proj, conv_state, conv_w, A_log, dt_bias, pos, T, Hk, Hv, dk, conv_dim, c->value_dim);
+        break;
+    case 64:
+        gpu_launch(cu->pdl, gdn_conv_kernel<2>, grid, block, 0, cu->stream, cu->gdn_y, cu->gdn_qk, cu->gdn_bg,
+                   proj, conv_state, conv_w, A_log, dt_bias, pos, T, Hk, Hv, dk, conv_dim, c->value_dim);
+        break;
+    case 128:
+        gpu_launch(cu->pdl, gdn_conv_kernel<4>, grid, block, 0, cu->stream, cu->gdn_y, cu->gdn_qk, cu->gdn_bg,
+                   proj, conv_state, conv_w, A_log, dt_bias, pos, T, Hk, Hv, dk, conv_dim, c->value_dim);
+        break;
+    default: CHECK(!"unsupported linear_key_head_dim");
+    }
+}
+
 extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out,
                                  const uint16_t *proj, uint16_t *conv_state, const uint16_t *conv_w,
                                  const float *A_log, const float *dt_bias, const float *norm_w,
                                  float *state, const int32_t *pos, int T,
                                  const struct backend_snap *snap_p) {
-    int Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads;
-    int dk = c->linear_key_head_dim, conv_dim = c->conv_dim;
+    int Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim, conv_dim = c->conv_dim;
     size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
-    CHECK(conv_dim % dk == 0 && dk <= 1024 && c->linear_conv_kernel_dim == 4);
+    CHECK(conv_dim % dk == 0 && c->linear_conv_kernel_dim == 4);
     struct backend_snap snap = {};
     if (snap_p) snap = *snap_p;
     CHECK(snap.n >= 0 && snap.n <= BACKEND_MAX_SNAPS);
     for (int i = 0; i < snap.n; i++)
         CHECK(snap.t[i] > (i ? snap.t[i - 1] : 0) && snap.t[i] <= T && (snap.t[i] % GDN_C == 0 || snap.t[i] == T));
-    const dim3 conv_grid(conv_dim / dk + 1, (T + GDN_CONV_TT - 1) / GDN_CONV_TT);
-    if (dk % (2 * WARP_SIZE) == 0)
-        gpu_launch(cu->pdl, gdn_conv_kernel<2>, conv_grid, dim3(dk / 2), 0, cu->stream, cu->gdn_y, cu->gdn_qk,
-                   cu->gdn_bg, proj, (const uint16_t *)conv_state, conv_w, A_log, dt_bias, pos, T, Hk, Hv, dk,
-                   conv_dim, c->value_dim);
-    else
-        gpu_launch(cu->pdl, gdn_conv_kernel<1>, conv_grid, dim3(dk), 0, cu->stream, cu->gdn_y, cu->gdn_qk,
-                   cu->gdn_bg, proj, (const uint16_t *)conv_state, conv_w, A_log, dt_bias, pos, T, Hk, Hv, dk,
-                   conv_dim, c->value_dim);
+    launch_conv(cu, c, proj, conv_state, conv_w, A_log, dt_bias, pos, T);
     if (snap.n) {
         gpu_launch(cu->pdl, gdn_conv_snap_kernel, dim3((conv_dim + 255) / 256, snap.n), dim3(256), 0,
                    cu->stream, snap, (const uint16_t *)conv_state, proj, pos, conv_dim, row);
         cu->n_launches++;
     }
-    gpu_launch(cu->pdl, gdn_conv_state_kernel, dim3((conv_dim + 255) / 256), dim3(256), 0, cu->stream,
-               conv_state, proj, pos, T, conv_dim, row);
     const size_t scan_smem = gdn_scan_smem(c, T);
     if (scan_smem) {
         cuda_prof_split(cu, "gdn scan (prefill, short)");
@@ -1259,7 +1305,7 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
         case 128: launch_scan<128>(cu, c, state, T, snap, scan_smem); break;
         default: CHECK(!"unsupported linear_key_head_dim");
         }
-        cu->n_launches += 3;
+        cu->n_launches += 1; /* the conv (launch_scan counts its own) */
     } else {
         cuda_prof_split(cu, "gdn chunk prep (prefill)");
         switch (dk) {
@@ -1268,20 +1314,22 @@ extern "C" void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16
         case 128: launch_chunked<128>(cu, c, state, T, snap); break;
         default: CHECK(!"unsupported linear_key_head_dim");
         }
-        cu->n_launches += 5;
+        cu->n_launches += 4; /* the conv, prep, state pass, outputs */
     }
     cuda_prof_split(cu, "gdn norm (prefill)");
-    cuda_gdn_norm(cu, c, out, proj, norm_w, T);
+    cuda_gdn_norm(cu, c, out, proj, norm_w, T, conv_state, pos);
 }
 
 extern "C" void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t *out,
-                              const uint16_t *proj, const float *norm_w, int T) {
+                              const uint16_t *proj, const float *norm_w, int T, uint16_t *conv_state,
+                              const int32_t *pos) {
     int Hv = c->linear_num_value_heads, dv = c->linear_value_head_dim, conv_dim = c->conv_dim;
     size_t row = (size_t)conv_dim + c->value_dim + 2 * Hv;
     CHECK(dv % 4 == 0 && dv <= 256 && row % 4 == 0); /* the kernel's 8-byte words */
-    int items = T * Hv;
-    gpu_launch(cu->pdl, gdn_norm_kernel, dim3((items + 7) / 8), dim3(256), 0, cu->stream, out,
-               (const uint16_t *)cu->gdn_o, proj, norm_w, T, Hv, dv, conv_dim, row, c->rms_norm_eps);
+    const int blocks = (T * Hv + 7) / 8 + (conv_state ? (conv_dim + 255) / 256 : 0);
+    gpu_launch(cu->pdl, gdn_norm_kernel, dim3(blocks), dim3(256), 0, cu->stream, out,
+               (const uint16_t *)cu->gdn_o, proj, norm_w, T, Hv, dv, conv_dim, row, c->rms_norm_eps,
+               conv_state, pos);
     GPU_LAUNCHED();
     cu->n_launches++;
 }

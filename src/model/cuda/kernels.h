@@ -133,6 +133,10 @@ struct cuda {
     uint16_t *xn;      /* (max_T, max_K) normalised matmul inputs */
     uint16_t *y;       /* (max_T, max_N) matmul outputs before the residual add / SwiGLU */
     size_t xn_elems, y_elems;
+    uint16_t *add_x;   /* a prefill residual add not launched yet: add_x += y over add_n elements,
+                          done in the pass of the RMSNorm that reads add_x next (op_matmul), or by
+                          cuda_of before any other op (cuda_add_flush) */
+    size_t add_n;
     uint16_t *attn_q;  /* (max_T, nH, hd) normalised, rotated queries */
     float *attn_part;  /* (nH, attn_splits, hd + 2) split-KV partials: acc, max, sum */
     int attn_splits;
@@ -173,7 +177,15 @@ struct cuda {
                                             BACKEND_POSTS as n << 32 | choice */
 };
 
-static inline struct cuda *cuda_of(struct backend *be) { return (struct cuda *)be->impl; }
+/* The backend's state, any pending residual add left as it is (the ops that may fuse it). */
+static inline struct cuda *cuda_peek(struct backend *be) { return (struct cuda *)be->impl; }
+void cuda_add_flush(struct cuda *cu); /* launches the pending add, if any */
+/* The backend's state, with every op before this one launched. */
+static inline struct cuda *cuda_of(struct backend *be) {
+    struct cuda *cu = cuda_peek(be);
+    if (cu->add_x) cuda_add_flush(cu);
+    return cu;
+}
 
 /* Tracing: stamp slots for a mixer kernel of `blocks` blocks being recorded (NULL when off). */
 static inline unsigned long long *cuda_ktrace_slot(struct cuda *cu, int kind, int blocks) {
@@ -212,6 +224,9 @@ void cuda_sample(struct cuda *cu, int32_t *out, const uint16_t *x, int n,
 void cuda_logprobs(struct cuda *cu, float *out, const uint16_t *x, int n, int k, const int32_t *chosen);
 void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
                   int K, float eps);
+/* x = bf16(x + y), then out = cuda_rmsnorm's of x, in one pass */
+void cuda_add_rmsnorm(struct cuda *cu, uint16_t *out, uint16_t *x, const uint16_t *y,
+                      const uint16_t *w, int T, int K, float eps);
 
 /* matmul.cu */
 void cuda_gemv(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
@@ -286,9 +301,10 @@ void cuda_gdn_step_rows(struct cuda *cu, const struct config *c, uint16_t *out, 
                         const uint16_t *conv_w, const float *A_log, const float *dt_bias,
                         const float *norm_w, const struct cuda_gdn_rows *rows, const int32_t *pos,
                         int B);
-/* out (T, value_dim) = the gated RMSNorm of cu->gdn_o (the step's or the scan's o) with z. */
+/* out (T, value_dim) = the gated RMSNorm of cu->gdn_o (the step's or the scan's o) with z; with
+ * conv_state (a prefill call's ring, NULL otherwise), the ring moved on past the call's T inputs. */
 void cuda_gdn_norm(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,
-                   const float *norm_w, int T);
+                   const float *norm_w, int T, uint16_t *conv_state, const int32_t *pos);
 /* snap (or NULL): the states after snap->t[i] tokens (multiples of cuda_gdn_chunk() or T), as
  * the gdn op's (backend.h), written by the chunk pass as it goes. */
 void cuda_gdn_prefill(struct cuda *cu, const struct config *c, uint16_t *out, const uint16_t *proj,

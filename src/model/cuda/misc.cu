@@ -50,12 +50,13 @@ static __global__ void rmsnorm_kernel(uint16_t *out, const uint16_t *x, const ui
  * is the lane's (its words in order) then the warp's butterfly; the weights are loaded before the
  * wait for the previous kernel (runs 233-235, H200, a 512-token 4B prefill's norm in the pipeline:
  * 6.6 us for the block-a-row kernel, 6.3 for this one with the weights read after the sum, 2.4
- * with them read before the wait). K % 8 == 0, 16-byte aligned rows,
- * K / 8 <= 32 NW (NW <= 20 without spills). Bytes: 4 T K + 2 K; FLOPs ~5 T K. */
+ * with them read before the wait). With ADD, the residual add before the norm in the same pass:
+ * x = bf16(x + y) written back (add_kernel's rounding), then normalised. K % 8 == 0, 16-byte
+ * aligned rows, K / 8 <= 32 NW (NW <= 20 without spills). Bytes: 4 T K + 2 K (ADD: 8 T K). */
 #define RMS_ROWS 4
-template <int NW>
+template <int NW, bool ADD>
 static __global__ void __launch_bounds__(RMS_ROWS * WARP_SIZE)
-rmsnorm_rows_kernel(uint16_t *out, const uint16_t *x, const uint16_t *w, int T, int K, float eps) {
+rmsnorm_rows_kernel(uint16_t *out, uint16_t *x, const uint16_t *y, const uint16_t *w, int T, int K, float eps) {
     grid_launch_dependents();
     const int row = blockIdx.x * RMS_ROWS + threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int K8 = K / 8;
@@ -65,12 +66,29 @@ rmsnorm_rows_kernel(uint16_t *out, const uint16_t *x, const uint16_t *w, int T, 
         if (lane + j * WARP_SIZE < K8) wv[j] = ((const uint4 *)w)[lane + j * WARP_SIZE];
     grid_dependency_wait();
     if (row >= T) return;
-    const uint4 *xr = (const uint4 *)(x + (size_t)row * K);
+    uint4 *xr = (uint4 *)(x + (size_t)row * K);
     uint4 v[NW];
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < NW; j++)
         if (lane + j * WARP_SIZE < K8) v[j] = xr[lane + j * WARP_SIZE];
+    if (ADD) {
+        const uint4 *yr = (const uint4 *)(y + (size_t)row * K);
+        uint4 u[NW];
+#pragma unroll
+        for (int j = 0; j < NW; j++)
+            if (lane + j * WARP_SIZE < K8) u[j] = yr[lane + j * WARP_SIZE];
+#pragma unroll
+        for (int j = 0; j < NW; j++)
+            if (lane + j * WARP_SIZE < K8) {
+                float a[8], b[8];
+                unpack8(v[j], a);
+                unpack8(u[j], b);
+                v[j] = make_uint4(pack_bf(a[0] + b[0], a[1] + b[1]), pack_bf(a[2] + b[2], a[3] + b[3]),
+                                  pack_bf(a[4] + b[4], a[5] + b[5]), pack_bf(a[6] + b[6], a[7] + b[7]));
+                xr[lane + j * WARP_SIZE] = v[j];
+            }
+    }
 #pragma unroll
     for (int j = 0; j < NW; j++)
         if (lane + j * WARP_SIZE < K8) {
@@ -216,29 +234,45 @@ extern "C" void cuda_embed(struct cuda *cu, uint16_t *out, const uint16_t *table
 }
 
 template <int NW>
-static void launch_rmsnorm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w,
-                                int T, int K, float eps) {
-    gpu_launch(cu->pdl, rmsnorm_rows_kernel<NW>, dim3((unsigned)((T + RMS_ROWS - 1) / RMS_ROWS)),
-               dim3(RMS_ROWS * WARP_SIZE), 0, cu->stream, out, x, w, T, K, eps);
+static void launch_rmsnorm_rows(struct cuda *cu, uint16_t *out, uint16_t *x, const uint16_t *y,
+                                const uint16_t *w, int T, int K, float eps) {
+    const dim3 grid((unsigned)((T + RMS_ROWS - 1) / RMS_ROWS)), block(RMS_ROWS * WARP_SIZE);
+    if (y)
+        gpu_launch(cu->pdl, rmsnorm_rows_kernel<NW, true>, grid, block, 0, cu->stream, out, x, y, w, T, K, eps);
+    else
+        gpu_launch(cu->pdl, rmsnorm_rows_kernel<NW, false>, grid, block, 0, cu->stream, out, x, y, w, T, K, eps);
+}
+
+/* out = norm(x), or with y: x = bf16(x + y), then out = norm(x) (one pass, the warp-a-row kernel;
+ * past 27B's hidden size the add and the block-a-row norm as two kernels) */
+static void rmsnorm_with(struct cuda *cu, uint16_t *out, uint16_t *x, const uint16_t *y,
+                         const uint16_t *w, int T, int K, float eps) {
+    const int per_lane = (K / 8 + WARP_SIZE - 1) / WARP_SIZE; /* 16-byte words a lane */
+    CHECK(K % 8 == 0 && !(((uintptr_t)out | (uintptr_t)x | (uintptr_t)y | (uintptr_t)w) & 15)); /* 16-byte words */
+    if (per_lane > 20) { /* past 27B's 5,120 */
+        if (y) cuda_add(cu, x, y, (size_t)T * K);
+        gpu_launch(cu->pdl, rmsnorm_kernel, dim3(T), dim3(256), 0, cu->stream, out, x, w, K, eps);
+    } else if (per_lane <= 4) /* (K 1,024: 0.8B) */
+        launch_rmsnorm_rows<4>(cu, out, x, y, w, T, K, eps);
+    else if (per_lane <= 8) /* (2,048: 2B) */
+        launch_rmsnorm_rows<8>(cu, out, x, y, w, T, K, eps);
+    else if (per_lane <= 12) /* (2,560: 4B) */
+        launch_rmsnorm_rows<12>(cu, out, x, y, w, T, K, eps);
+    else if (per_lane <= 16) /* (4,096: 9B) */
+        launch_rmsnorm_rows<16>(cu, out, x, y, w, T, K, eps);
+    else /* (5,120: 27B) */
+        launch_rmsnorm_rows<20>(cu, out, x, y, w, T, K, eps);
+    cu->n_launches++;
 }
 
 extern "C" void cuda_rmsnorm(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *w,
                              int T, int K, float eps) {
-    const int per_lane = (K / 8 + WARP_SIZE - 1) / WARP_SIZE; /* 16-byte words a lane */
-    CHECK(K % 8 == 0 && !(((uintptr_t)out | (uintptr_t)x | (uintptr_t)w) & 15)); /* 16-byte words */
-    if (per_lane > 20) /* past 27B's 5,120 */
-        gpu_launch(cu->pdl, rmsnorm_kernel, dim3(T), dim3(256), 0, cu->stream, out, x, w, K, eps);
-    else if (per_lane <= 4) /* (K 1,024: 0.8B) */
-        launch_rmsnorm_rows<4>(cu, out, x, w, T, K, eps);
-    else if (per_lane <= 8) /* (2,048: 2B) */
-        launch_rmsnorm_rows<8>(cu, out, x, w, T, K, eps);
-    else if (per_lane <= 12) /* (2,560: 4B) */
-        launch_rmsnorm_rows<12>(cu, out, x, w, T, K, eps);
-    else if (per_lane <= 16) /* (4,096: 9B) */
-        launch_rmsnorm_rows<16>(cu, out, x, w, T, K, eps);
-    else /* (5,120: 27B) */
-        launch_rmsnorm_rows<20>(cu, out, x, w, T, K, eps);
-    cu->n_launches++;
+    rmsnorm_with(cu, out, (uint16_t *)x, NULL, w, T, K, eps);
+}
+
+extern "C" void cuda_add_rmsnorm(struct cuda *cu, uint16_t *out, uint16_t *x, const uint16_t *y,
+                                 const uint16_t *w, int T, int K, float eps) {
+    rmsnorm_with(cu, out, x, y, w, T, K, eps);
 }
 
 extern "C" void cuda_argmax(struct cuda *cu, int32_t *out, const uint16_t *x, int n, int32_t *pos) {
