@@ -982,7 +982,7 @@ gdn_chunk_o_kernel(uint16_t *o_out, const uint16_t *h_in, const uint16_t *vn_in,
 
 /* Gated RMSNorm, a warp per (token, value head): out = bf16(bf16(w * bf16(o * rsqrt(mean(o^2) +
  * eps))) * silu(z)) (silu_fast). Bytes: 6 T value_dim; FLOPs: ~10 T value_dim. With conv_state (a prefill
- * call), the blocks past the norm's move the conv ring on: the last (up to) 4 raw inputs into their
+ * call), the blocks before the norm's move the conv ring on: the last (up to) 4 raw inputs into their
  * columns (~4 conv_dim bytes), after every kernel that read the old ring (the conv, the
  * checkpoints' rings). */
 static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, const uint16_t *proj,
@@ -993,15 +993,15 @@ static __global__ void gdn_norm_kernel(uint16_t *out, const uint16_t *o_in, cons
     grid_launch_dependents();
     grid_dependency_wait();
     const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
-    const int norm_blocks = (T * Hv + blockDim.x / WARP_SIZE - 1) / (blockDim.x / WARP_SIZE);
-    if ((int)blockIdx.x >= norm_blocks) {
-        const int ch = (blockIdx.x - norm_blocks) * blockDim.x + threadIdx.x;
+    const int ring_blocks = conv_state ? (conv_dim + blockDim.x - 1) / blockDim.x : 0; /* first: */
+    if ((int)blockIdx.x < ring_blocks) { /* their dependent loads then hide behind the norm's */
+        const int ch = blockIdx.x * blockDim.x + threadIdx.x;
         if (ch >= conv_dim) return;
         uint16_t *st = conv_state + (size_t)ch * 4;
         for (int s = T > 4 ? T - 4 : 0; s < T; s++) st[(*pos + s) & 3] = proj[(size_t)s * row + ch];
         return;
     }
-    const int item = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
+    const int item = (blockIdx.x - ring_blocks) * (blockDim.x / WARP_SIZE) + wid;
     if (item >= T * Hv) return;
     const int t = item / Hv, v = item % Hv;
     const uint16_t *o = o_in + (size_t)item * dv, *zp = proj + (size_t)t * row + conv_dim + (size_t)v * dv;
