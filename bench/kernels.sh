@@ -12,6 +12,7 @@
 #   TESTS       test_cuda sizes, in order (4B demo 0.8B 9B 27B); default "4B demo 0.8B 27B", "-": none;
 #               SIZE@VAR=VALUE[:VAR2=VALUE2] runs that size under that environment
 #   TEST_ENV    VAR=VALUE words test_cuda runs under (an experiment's switch)
+#   TEST_TIMEOUT  seconds a test_cuda size may take (default 300)
 #   BENCH       random checkpoints to `strata bench` (0.8b 2b 4b 9b); default 4b, "-": none
 #   BENCH_ARGS  default "--reps 3" (the full bench: pp512, 4k / 16k / 32k prefill, per-op tables)
 #   BENCH_GREP  an egrep of the bench lines printed (default: the summary and prefill lines)
@@ -91,7 +92,7 @@ for w in $TESTS; do # SIZE, or SIZE@VAR=VALUE[:VAR2=VALUE2] (that size under tha
     [ "$s" != "$w" ] && e=${w#*@} && e=${e//:/ }
     t0=$(date +%s)
     f=$OUT/test_cuda-${w//[^A-Za-z0-9._-]/_}.txt
-    env ${TEST_ENV:-} $e timeout 300 "$BIN/test_cuda" "$s" >"$f" 2>&1
+    env ${TEST_ENV:-} $e timeout "${TEST_TIMEOUT:-300}" "$BIN/test_cuda" "$s" >"$f" 2>&1
     echo "== test_cuda $w: rc $?, $(($(date +%s) - t0)) s: $(tail -1 "$f")"
     grep FAIL "$f" | head -20
 done

@@ -791,7 +791,8 @@ static void check_size(const char *size) {
     int nKV = c.num_key_value_heads, hd = c.head_dim;
     int gdn_rows = c.conv_dim + c.value_dim + 2 * c.linear_num_value_heads;
     int attn_rows = 2 * nH * hd + 2 * nKV * hd;
-    /* the GEMV (1), the rows GEMM (2..8: one n tile, partly filled), cuBLAS (12 and up) */
+    /* the GEMV (1), the rows GEMM (2..8: one n tile, partly filled; sm_90: 2..16 by the copy
+     * engine, 12 and 16 with x normed apart), cuBLAS (past those) */
     static const int Ts[] = {1, 2, 3, 7, 12, 16, 17, 32, 33};
     for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
         const int T = Ts[ti];

@@ -860,6 +860,7 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->attn_short = 512; /* run 40: 512 and 1,024 alike at 301-350 tokens, 256 4% slower */
 #ifdef STRATA_SM90A
     cu->flash_wg = cu->info.cc == 90;
+    cu->bulk = cu->info.cc == 90;
 #endif
     cu->attn_mode = -1;
     cu->skip = env_int("STRATA_SKIP_DECODE", 0, 0, 3); /* timing only: 1 gdn step, 2 attention */

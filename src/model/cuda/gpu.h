@@ -180,6 +180,13 @@ static inline int gpu_kernel_regs(F kernel) {
     GPU_CHECK(cudaFuncGetAttributes(&a, (const void *)kernel));
     return a.numRegs;
 }
+/* Static shared memory of `kernel` (bytes), beside the dynamic size a launch asks for. */
+template <typename F>
+static inline size_t gpu_kernel_static_smem(F kernel) {
+    cudaFuncAttributes a;
+    GPU_CHECK(cudaFuncGetAttributes(&a, (const void *)kernel));
+    return a.sharedSizeBytes;
+}
 #endif
 /* Launch with programmatic dependent launch allowed (pdl != 0): the kernel may start while the
  * previous kernel of the stream finishes; it must call grid_dependency_wait() before touching
@@ -473,6 +480,44 @@ static __device__ __forceinline__ void wgmma_rs_t(float (&d)[8][4], const uint32
 #undef WG_OUT
 #undef WG_R4
 #undef WG_D32
+/* ---- the copy engine's bulk copies into shared memory, with transaction barriers (sm_90) ----
+ * A barrier's phase completes when its pending arrivals reach zero and the bytes announced by
+ * mbar_expect have landed; mbar_wait(b, p) returns once the phase of parity p has completed. */
+static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_init_fence(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
+}
+/* arrives, and announces bytes that bulk copies will complete */
+static __device__ __forceinline__ void mbar_expect(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(b)), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_addr(b)), "r"(parity) : "memory");
+    } while (!done);
+}
+/* bytes (a multiple of 16, both ends 16-byte aligned) global -> shared by the copy engine,
+ * completing on bar; marked evict-first in L2 (streamed weights) */
+static __device__ __forceinline__ void bulk_load_stream(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;\n"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol) : "memory");
+}
+/* a barrier of the given threads (warps) of the block, id 1..15 (0 is __syncthreads') */
+static __device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 /* ordinary (and cp.async) shared-memory writes made visible to the tensor cores' reads */
 static __device__ __forceinline__ void fence_proxy_async(void) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

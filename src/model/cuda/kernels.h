@@ -123,6 +123,7 @@ struct cuda {
     int ktrace_kind[CUDA_KTRACE_JOBS];  /* 0 DeltaNet step, 1 attention */
     int ktrace_gemv[CUDA_KTRACE_JOBS];  /* the traced GEMV before it (-1: none) */
     int ktrace_blocks[CUDA_KTRACE_JOBS];
+    int bulk;                 /* sm_90: a batched step's rows GEMM (2..16 rows) by the copy engine */
     int skip;                 /* STRATA_SKIP_DECODE (timing experiments only, wrong results):
                                  bit 0 drops the DeltaNet step kernels, bit 1 the attention */
 

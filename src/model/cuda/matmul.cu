@@ -939,6 +939,228 @@ gemm_skinny_kernel(const struct skinny_args a) {
     if (tr) tr[3] = gpu_time_ns();
 }
 
+/* sm_90 (cu->bulk; gemm_skinny_kernel is the portable path): a batched step's rows GEMM (2..16 rows) with the
+ * weights brought into a shared-memory ring by the copy engine (cp.async.bulk, sm_90), so no
+ * register holds a weight word in flight and each request is a row's 1 KiB run rather than 8
+ * rows' 64 bytes. A producer warp fills the ring: a stage is 16 weight rows (SwiGLU: 8 gate rows
+ * and their 8 up rows) x 512 k, a row's slice one bulk copy, the stages of a tile in k order,
+ * the block's tiles by the grid stride; the ring's first R stages are requested before the
+ * grid dependency wait (the weights do not depend on the previous kernel). The 8 consumer
+ * warps take a stage's 8 64-wide chunks, one each, with the weights as the mma's B operand (two
+ * n tiles of 8 rows) and the rows of x as A (m 16: T up to 16 in one mma; rows past T zero), in
+ * skinny's permuted k order; at a tile's last stage the 8 warps' partials meet in shared memory
+ * and warp 0 writes the tile with skinny's rounding. x: STAGED as skinny's (normalised, in
+ * shared memory, a warp per row; up to 8 rows), else read from global a stage ahead (9..16
+ * rows: normalised by cuda_rmsnorm first; staged, 16 rows leave room for one block an SM).
+ * Run 247 (H100, 4B, ms a step against skinny / cuBLAS): B 2 3.667 -> 3.493, 4 3.739 -> 3.580,
+ * 8 4.033 -> 3.933, 12 4.639 -> 4.214, 16 4.825 -> 4.490; ring depth 4 or 3 rather than the
+ * most that fits: no better (run 248). */
+#define BK_CW 8                 /* consumer warps */
+#define BK_SK 512               /* k a stage: a row's 1 KiB */
+#define BK_ROWS 16              /* weight rows a stage */
+#define BK_RS (BK_SK * 2 + 64)  /* a staged row's bytes: the padding puts rows g, g + 1 4 words apart (no bank conflict) */
+#define BK_STAGE (BK_ROWS * BK_RS)
+#define BK_RMAX 8
+template <bool T16, bool STAGED>
+static __global__ void __launch_bounds__((BK_CW + 1) * WARP_SIZE, 2)
+gemm_bulk_kernel(const struct skinny_args a, int R) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) unsigned char bsm[]; /* R stages, then STAGED: (T, K / 8 + SK_XPAD) x, (K / 8) norm weights */
+    constexpr int NE = T16 ? 4 : 2; /* accumulators a tile kept: rows g (and g + 8) */
+    __shared__ float red[2][BK_CW][2 * NE][WARP_SIZE];
+    __shared__ uint64_t full[BK_RMAX], empty[BK_RMAX];
+    grid_launch_dependents();
+    const int wid = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int N = a.N, K = a.K, T = a.T, swiglu = a.swiglu;
+    const int n_tiles = swiglu ? (N + 7) / 8 : (N + 15) / 16;
+    const int n_ks = (K + BK_SK - 1) / BK_SK;
+    const int n_mine = (int)blockIdx.x < n_tiles ? (n_tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+    const int n_stages = n_mine * n_ks;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < R; i++) mbar_init(&full[i], 1), mbar_init(&empty[i], BK_CW);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (wid == BK_CW) { /* the producer: lane r < 16 copies the stage's row r */
+        for (int s = 0; s < n_stages; s++) {
+            const int slot = s % R;
+            if (s >= R) mbar_wait(&empty[slot], (s / R - 1) & 1);
+            const int tile = (int)blockIdx.x + s / n_ks * (int)gridDim.x, k0 = s % n_ks * BK_SK;
+            const int len = min(BK_SK, K - k0);
+            int row;
+            bool ok;
+            if (swiglu) {
+                const int j = tile * 8 + (lane & 7);
+                ok = lane < BK_ROWS && j < N;
+                row = lane < 8 ? j : N + j;
+            } else {
+                row = tile * 16 + lane;
+                ok = lane < BK_ROWS && row < N;
+            }
+            const unsigned n_ok = __popc(__ballot_sync(FULL_MASK, ok));
+            if (lane == 0) mbar_expect(&full[slot], n_ok * (unsigned)len * 2);
+            __syncwarp();
+            if (ok)
+                bulk_load_stream(bsm + (size_t)slot * BK_STAGE + (size_t)lane * BK_RS, a.W + (size_t)row * K + k0,
+                                 (uint32_t)len * 2, &full[slot]);
+        }
+        return;
+    }
+    const int g = lane >> 2, t = lane & 3;
+    const int K8 = K / 8, XS = K8 + SK_XPAD;
+    uint4 *xs = (uint4 *)(bsm + (size_t)R * BK_STAGE), *nws = xs + (size_t)T * XS;
+    const uint4 *x4 = (const uint4 *)a.x;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    unsigned long long *tr = a.trace && threadIdx.x == 0 ? a.trace + 4 * blockIdx.x : NULL;
+    if (tr) tr[0] = gpu_time_ns();
+    if (STAGED && a.norm_w) {
+        for (int i = threadIdx.x; i < K8; i += BK_CW * WARP_SIZE)
+            cp_async16(smem_addr(nws + i), (const uint4 *)a.norm_w + i, 16);
+        cp_async_commit();
+    }
+    grid_dependency_wait();
+    if (tr) tr[1] = gpu_time_ns();
+    if (STAGED) { /* warp w stages rows w and w + 8 (< T), as skinny's */
+        float rr[2] = {1.0f, 1.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = wid + 8 * h;
+            if (r >= T) break;
+            uint4 *xd = xs + (size_t)r * XS;
+            const uint4 *xrow = x4 + (size_t)r * K8;
+            float ss = 0.0f;
+            for (int i0 = lane; i0 < K8; i0 += 4 * WARP_SIZE) {
+                uint4 X[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    if (i0 + q * WARP_SIZE < K8) X[q] = xrow[i0 + q * WARP_SIZE];
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    if (i0 + q * WARP_SIZE < K8) {
+                        xd[i0 + q * WARP_SIZE] = X[q];
+                        float f[8];
+                        unpack8(X[q], f);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) ss += f[e] * f[e];
+                    }
+            }
+            rr[h] = 1.0f / sqrtf(warp_sum(ss) / (float)K + a.eps);
+        }
+        if (a.norm_w) {
+            cp_async_wait_all();
+            named_sync(1, BK_CW * WARP_SIZE);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = wid + 8 * h;
+                if (r >= T) break;
+                uint4 *xd = xs + (size_t)r * XS;
+                for (int i = lane; i < K8; i += WARP_SIZE) xd[i] = rmsnorm8(xd[i], nws[i], rr[h]);
+            }
+        }
+        named_sync(1, BK_CW * WARP_SIZE);
+    }
+    if (tr) tr[2] = gpu_time_ns();
+    /* x's words of global chunk c: rows g (xw[0..1]) and g + 8 (xw[2..3]), words t, t + 4 */
+    auto x_words = [&](int c, uint4 (&xw)[4]) {
+        const size_t o = (size_t)c * 8 + t;
+        if (STAGED) {
+            const bool ok0 = g < T, ok1 = T16 && g + 8 < T;
+            xw[0] = ok0 ? xs[(size_t)g * XS + o] : zero;
+            xw[1] = ok0 ? xs[(size_t)g * XS + o + 4] : zero;
+            xw[2] = ok1 ? xs[(size_t)(g + 8) * XS + o] : zero;
+            xw[3] = ok1 ? xs[(size_t)(g + 8) * XS + o + 4] : zero;
+        } else {
+            const bool ok0 = g < T, ok1 = T16 && g + 8 < T;
+            xw[0] = ok0 ? __ldg(x4 + (size_t)g * K8 + o) : zero;
+            xw[1] = ok0 ? __ldg(x4 + (size_t)g * K8 + o + 4) : zero;
+            xw[2] = ok1 ? __ldg(x4 + (size_t)(g + 8) * K8 + o) : zero;
+            xw[3] = ok1 ? __ldg(x4 + (size_t)(g + 8) * K8 + o + 4) : zero;
+        }
+    };
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    uint4 xn[4] = {zero, zero, zero, zero};
+    if (!STAGED && n_stages > 0 && wid * 64 < min(BK_SK, K)) x_words(wid, xn);
+    for (int s = 0; s < n_stages; s++) {
+        const int slot = s % R, ks = s % n_ks, k0 = ks * BK_SK, len = min(BK_SK, K - k0);
+        const bool mine = wid * 64 < len;
+        uint4 xw[4];
+        if (STAGED) {
+            if (mine) x_words(k0 / 64 + wid, xw);
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++) xw[q] = xn[q];
+            if (s + 1 < n_stages) {
+                const int k1 = (s + 1) % n_ks * BK_SK;
+                if (wid * 64 < min(BK_SK, K - k1)) x_words(k1 / 64 + wid, xn);
+            }
+        }
+        mbar_wait(&full[slot], (s / R) & 1);
+        if (mine) {
+            const unsigned char *st = bsm + (size_t)slot * BK_STAGE + wid * 128 + t * 16;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint4 w0 = *(const uint4 *)(st + (size_t)(j * 8 + g) * BK_RS);
+                const uint4 w1 = *(const uint4 *)(st + (size_t)(j * 8 + g) * BK_RS + 64);
+                const uint32_t a0[4] = {xw[0].x, xw[2].x, xw[0].y, xw[2].y}, a1[4] = {xw[0].z, xw[2].z, xw[0].w, xw[2].w};
+                const uint32_t a2[4] = {xw[1].x, xw[3].x, xw[1].y, xw[3].y}, a3[4] = {xw[1].z, xw[3].z, xw[1].w, xw[3].w};
+                mma_bf16(acc[j], a0, w0.x, w0.y);
+                mma_bf16(acc[j], a1, w0.z, w0.w);
+                mma_bf16(acc[j], a2, w1.x, w1.y);
+                mma_bf16(acc[j], a3, w1.z, w1.w);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+        if (ks < n_ks - 1) continue;
+        /* the tile's last stage: the partials meet, warp 0 writes */
+        const int buf = s / n_ks & 1, tile = (int)blockIdx.x + s / n_ks * (int)gridDim.x;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < NE; e++) red[buf][wid][j * NE + e][lane] = acc[j][e];
+        named_sync(1, BK_CW * WARP_SIZE);
+        if (wid == 0) {
+            float v[2][4];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int e = 0; e < NE; e++) {
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < BK_CW; w++) sum += red[buf][w][j * NE + e][lane];
+                    v[j][e] = sum;
+                }
+#pragma unroll
+            for (int h = 0; h < (T16 ? 2 : 1); h++) {
+                const int n = g + 8 * h;
+                if (n >= T) continue;
+                uint16_t *o = a.out + (size_t)n * N;
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    if (swiglu) {
+                        const int r = tile * 8 + 2 * t + q;
+                        if (r < N) o[r] = f2bf(bfr(silu_f(bfr(v[0][2 * h + q]))) * bfr(v[1][2 * h + q]));
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const int r = tile * 16 + j * 8 + 2 * t + q;
+                            const float m = bfr(v[j][2 * h + q]);
+                            if (r < N) o[r] = f2bf(a.accumulate ? bf2f(o[r]) + m : m);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    }
+    if (tr) tr[3] = gpu_time_ns();
+#else
+    (void)a, (void)R;
+    __trap();
+#endif
+}
+
 /* Runs 168-172 (4B, cuBLAS with the norm as its own kernel, no programmatic dependent launch):
  * each GEMM alone (weights past L2), at 3..8 rows this kernel beat cuBLAS + the add / SwiGLU
  * kernels at every shape (N 2,560: 10-17 us against 23-25; in_proj, gate_up, lm_head by 3-8%).
@@ -956,8 +1178,7 @@ gemm_skinny_kernel(const struct skinny_args a) {
  * the block barrier (3.14 -> 3.29), S = 4 (3.48) or 1 (5.64), or the first unit's next 3 / 8
  * chunks requested into L2 before the wait (2.951 -> 2.952 / 3.006). */
 extern "C" int cuda_gemm_rows_ok(const struct cuda *cu, int T, int K) {
-    (void)cu;
-    return T >= 2 && T <= 8 && K % 64 == 0;
+    return T >= 2 && T <= (cu->bulk ? 16 : 8) && K % 64 == 0;
 }
 
 /* the staged kernel's shared memory: 8 rows of x with their padding, the norm's weights */
@@ -990,9 +1211,69 @@ static void launch_skinny(struct cuda *cu, const struct skinny_args &a) {
     cu->n_launches++;
 }
 
+/* the bulk kernel's staged x: T rows with their padding, the norm's weights */
+static size_t bulk_x_smem(int T, int K) { return ((size_t)T * (K / 8 + SK_XPAD) + K / 8) * 16; }
+#define BK_X_MAX (96 * 1024)
+
+template <bool T16, bool STAGED>
+static void launch_bulk(struct cuda *cu, const struct skinny_args &a) {
+    auto kern = gemm_bulk_kernel<T16, STAGED>;
+    const size_t xb = STAGED ? bulk_x_smem(a.T, a.K) : 0;
+    static size_t opted;
+    static size_t last_xb = (size_t)-1;
+    static int last_R, last_occ;
+    if (last_xb != xb) { /* the ring: the most stages with 2 blocks an SM, at least 3; else 1 block */
+        int R = 0, occ = 0;
+        const size_t fixed = gpu_kernel_static_smem(kern);
+        for (int r = BK_RMAX; r >= 3 && !R; r--) {
+            const size_t smem = (size_t)r * BK_STAGE + xb;
+            if (smem + fixed > (size_t)cu->info.smem_optin) continue;
+            if (opted < smem) {
+                GPU_SMEM_OPTIN(kern, smem);
+                opted = smem;
+            }
+            if (gpu_occupancy(kern, (BK_CW + 1) * WARP_SIZE, smem) >= 2) R = r, occ = 2;
+        }
+        for (int r = BK_RMAX; r >= 2 && !R; r--) {
+            const size_t smem = (size_t)r * BK_STAGE + xb;
+            if (smem + fixed > (size_t)cu->info.smem_optin) continue;
+            if (opted < smem) {
+                GPU_SMEM_OPTIN(kern, smem);
+                opted = smem;
+            }
+            if (gpu_occupancy(kern, (BK_CW + 1) * WARP_SIZE, smem) >= 1) R = r, occ = 1;
+        }
+        CHECK(R);
+        last_xb = xb, last_R = R, last_occ = occ;
+    }
+    const int R = last_R;
+    const size_t smem = (size_t)R * BK_STAGE + xb;
+    const long n_tiles = a.swiglu ? (a.N + 7) / 8 : (a.N + 15) / 16, slots = (long)last_occ * cu->info.n_sm;
+    const long blocks = n_tiles < slots ? n_tiles : slots;
+    struct skinny_args at = a;
+    at.trace = trace_job(cu, a.N, a.K, (STAGED || a.norm_w ? 1 : 0) | (a.accumulate ? 2 : 0) |
+                                           (a.swiglu ? 4 : 0) | 8 | (a.T << 4), (int)blocks);
+    gpu_launch(cu->pdl, kern, dim3((unsigned)blocks), dim3((BK_CW + 1) * WARP_SIZE), smem, cu->stream, at, R);
+    GPU_LAUNCHED();
+    cu->n_launches++;
+}
+
 extern "C" void cuda_gemm_rows(struct cuda *cu, uint16_t *out, const uint16_t *x, const uint16_t *norm_w,
                                const uint16_t *W, int T, int N, int K, float eps, int accumulate, int swiglu) {
     CHECK(cuda_gemm_rows_ok(cu, T, K));
+    if (cu->bulk) {
+        struct skinny_args b = {out, x, norm_w, W, N, K, T, accumulate, swiglu, 1, eps, NULL};
+        const bool staged = norm_w && T <= 8 && bulk_x_smem(T, K) <= BK_X_MAX;
+        if (norm_w && !staged) {
+            CHECK((size_t)T * K <= cu->xn_elems);
+            cuda_rmsnorm(cu, cu->xn, x, norm_w, T, K, eps);
+            b.x = cu->xn;
+            b.norm_w = NULL;
+        }
+        if (T > 8) launch_bulk<true, false>(cu, b);
+        else staged ? launch_bulk<false, true>(cu, b) : launch_bulk<false, false>(cu, b);
+        return;
+    }
     int S = SK_WARPS; /* the largest split (run 170: S = 8 as fast or faster at every 4B shape) */
     while ((K / 64) % S) S /= 2;
     struct skinny_args a = {out, x, norm_w, W, N, K, T, accumulate, swiglu, S, eps, NULL};
