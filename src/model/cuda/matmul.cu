@@ -742,6 +742,28 @@ extern "C" void cuda_swiglu(struct cuda *cu, uint16_t *out, const uint16_t *gu, 
  * before grid_dependency_wait(), and the block lets the next kernel start its blocks at once.
  * Bytes: 2 N K (4 I K SwiGLU) + 2 T K per unit (L2; STAGED: per block) + 2 T N (x2
  * accumulating); FLOPs 16 N K on the tensor cores (rows past T are zeros). */
+/* A warp copies row xrow of x (K8 16-byte words, 4 loads in flight) to shared xd; returns the
+ * lane's part of its sum of squares (the staged rows GEMMs' RMSNorm) */
+static __device__ __forceinline__ float stage_row(uint4 *xd, const uint4 *xrow, int K8, int lane) {
+    float ss = 0.0f;
+    for (int i0 = lane; i0 < K8; i0 += 4 * WARP_SIZE) {
+        uint4 X[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (i0 + q * WARP_SIZE < K8) X[q] = xrow[i0 + q * WARP_SIZE];
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (i0 + q * WARP_SIZE < K8) {
+                xd[i0 + q * WARP_SIZE] = X[q];
+                float f[8];
+                unpack8(X[q], f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) ss += f[e] * f[e];
+            }
+    }
+    return ss;
+}
+
 #define SK_WARPS 8
 #define SK_XPAD 4 /* 16-byte words of padding after each staged row of x */
 struct skinny_args {
@@ -889,22 +911,7 @@ gemm_skinny_kernel(const struct skinny_args a) {
             uint4 *xd = xs + (size_t)wid * XS;
             float ss = 0.0f;
             if (wid < T) {
-                const uint4 *xrow = x4 + (size_t)wid * K8;
-                for (int i0 = lane; i0 < K8; i0 += 4 * WARP_SIZE) { /* 4 loads in flight */
-                    uint4 X[4];
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        if (i0 + q * WARP_SIZE < K8) X[q] = xrow[i0 + q * WARP_SIZE];
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        if (i0 + q * WARP_SIZE < K8) {
-                            xd[i0 + q * WARP_SIZE] = X[q];
-                            float f[8];
-                            unpack8(X[q], f);
-#pragma unroll
-                            for (int e = 0; e < 8; e++) ss += f[e] * f[e];
-                        }
-                }
+                ss = stage_row(xd, x4 + (size_t)wid * K8, K8, lane);
             } else {
                 for (int i = lane; i < K8; i += WARP_SIZE) xd[i] = zero;
             }
@@ -966,6 +973,7 @@ static __global__ void __launch_bounds__((BK_CW + 1) * WARP_SIZE, 2)
 gemm_bulk_kernel(const struct skinny_args a, int R) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) unsigned char bsm[]; /* R stages, then STAGED: (T, K / 8 + SK_XPAD) x, (K / 8) norm weights */
+    static_assert(!(T16 && STAGED), "x staged: up to 8 rows");
     constexpr int NE = T16 ? 4 : 2; /* accumulators a tile kept: rows g (and g + 8) */
     __shared__ float red[2][BK_CW][2 * NE][WARP_SIZE];
     __shared__ uint64_t full[BK_RMAX], empty[BK_RMAX];
@@ -1020,42 +1028,15 @@ gemm_bulk_kernel(const struct skinny_args a, int R) {
     }
     grid_dependency_wait();
     if (tr) tr[1] = gpu_time_ns();
-    if (STAGED) { /* warp w stages rows w and w + 8 (< T), as skinny's */
-        float rr[2] = {1.0f, 1.0f};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = wid + 8 * h;
-            if (r >= T) break;
-            uint4 *xd = xs + (size_t)r * XS;
-            const uint4 *xrow = x4 + (size_t)r * K8;
-            float ss = 0.0f;
-            for (int i0 = lane; i0 < K8; i0 += 4 * WARP_SIZE) {
-                uint4 X[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    if (i0 + q * WARP_SIZE < K8) X[q] = xrow[i0 + q * WARP_SIZE];
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    if (i0 + q * WARP_SIZE < K8) {
-                        xd[i0 + q * WARP_SIZE] = X[q];
-                        float f[8];
-                        unpack8(X[q], f);
-#pragma unroll
-                        for (int e = 0; e < 8; e++) ss += f[e] * f[e];
-                    }
-            }
-            rr[h] = 1.0f / sqrtf(warp_sum(ss) / (float)K + a.eps);
-        }
+    if (STAGED) { /* warp w stages row w (< T), as skinny's */
+        uint4 *xd = xs + (size_t)wid * XS;
+        const float ss = wid < T ? stage_row(xd, x4 + (size_t)wid * K8, K8, lane) : 0.0f;
+        const float rr = 1.0f / sqrtf(warp_sum(ss) / (float)K + a.eps);
         if (a.norm_w) {
             cp_async_wait_all();
             named_sync(1, BK_CW * WARP_SIZE);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = wid + 8 * h;
-                if (r >= T) break;
-                uint4 *xd = xs + (size_t)r * XS;
-                for (int i = lane; i < K8; i += WARP_SIZE) xd[i] = rmsnorm8(xd[i], nws[i], rr[h]);
-            }
+            if (wid < T)
+                for (int i = lane; i < K8; i += WARP_SIZE) xd[i] = rmsnorm8(xd[i], nws[i], rr);
         }
         named_sync(1, BK_CW * WARP_SIZE);
     }
