@@ -132,7 +132,7 @@ done
 for v in ${CONC:-}; do
     variant "$v"
     echo "== concurrency $v"
-    env $venv SBIN=$vbin OUT=$OUT/conc-${v//[^A-Za-z0-9._-]/_} bash bench/multiturn.sh concurrency 2>&1 | grep -E "^\||clients:|arriving"
+    env $venv SBIN=$vbin OUT=$OUT/conc-${v//[^A-Za-z0-9._-]/_} bash bench/multiturn.sh concurrency 2>&1 | grep -E "^\||clients:|arriving|^strata_"
 done
 if [ -n "${NCU:-}" ]; then
     NCUB=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)

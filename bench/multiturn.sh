@@ -162,6 +162,10 @@ concurrency) # bench/concurrency.py: 1, 4, 16, 64 streaming clients (carry .carr
         --clients "${CLIENTS:-1,4,16,64}" --max-tokens "${MAXTOK:-64}" --requests "${REQUESTS:-1}" \
         --late "${LATE:-15}" --json "$OUT/concurrency.json" \
         | tee "$OUT/concurrency.md"
+    # the engine thread's time in the emit callbacks against decode (every round together)
+    curl -s "http://127.0.0.1:$port/metrics" |
+        grep -E '^strata_(stream_emit_seconds|decode_seconds|prompt_seconds|tokens_generated)_total' |
+        tee -a "$OUT/concurrency.md"
     kill $pid; wait $pid
     ;;
 testcache) # tests/test_cache.c on the CUDA backend: carry .carry/server/debs and .carry/tc

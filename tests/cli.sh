@@ -69,6 +69,7 @@ ok '! "$exe" serve --parallel 0 2>"$tmp/e" && grep -q -- "--parallel must be an 
 ok '! "$exe" serve --parallel 65 2>"$tmp/e" && grep -q -- "--parallel must be an integer from 1 to 64" "$tmp/e"' "--parallel 65: an error"
 ok '"$exe" bench --model demo --backend cpu --batch 1,x >/dev/null 2>"$tmp/e"; [ $? -eq 2 ] && grep -q -- "--batch" "$tmp/e"' "bench --batch 1,x: an error"
 ok '"$exe" bench --model demo --backend cpu --batch 1,2 >"$tmp/o" 2>/dev/null && grep -q "^| 2 | " "$tmp/o"' "bench --batch 1,2: a row per size"
+ok 'grep -q "^mixed step" "$tmp/o" && [ "$(grep -c "^| 2 | " "$tmp/o")" -eq 2 ]' "bench --batch 1,2: the mixed step of B 2 too"
 ok '! "$exe" run --prompt hi -n x 2>"$tmp/e" && grep -q -- "-n must be an integer" "$tmp/e"' "run -n x: an error"
 
 # checkpoints strata does not read are named as such: GGUF (by magic or by name), a directory of

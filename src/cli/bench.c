@@ -114,6 +114,39 @@ static double time_steps_logprobs(struct model *m, int n) {
     return now_ms() - t0;
 }
 
+#define MIXED_PROMPT 24 /* a short chat turn's prompt */
+
+/* The mean ms of a mixed step as the engine's round runs one when a request joins B - 1 streams
+ * (engine_round): seqs[0..B-1) with tok[] ride the prefill of a new MIXED_PROMPT-token prompt in
+ * seqs[B - 1] (reset first), the prompt's first token is chosen, then the rows' (into tok).
+ * 4 untimed rounds, then 16 (n_prof > 0: n_prof rounds, untimed, for the per-op profile). */
+static double time_mixed(struct model *m, struct model_seq **seqs, int32_t *tok, int B, int n_prof) {
+    const int V = model_config(m)->vocab_size;
+    int32_t ids[MIXED_PROMPT];
+    struct error err = {{0}};
+    double t0 = 0;
+    const int n = n_prof ? n_prof : 20, skip = n_prof ? 0 : 4;
+    for (int r = 0; r < n; r++) {
+        if (r == skip) t0 = now_ms();
+        random_ids(ids, MIXED_PROMPT, V);
+        model_seq_use(m, seqs[B - 1]);
+        model_reset(m);
+        model_rows_ride(m, seqs, tok, B - 1);
+        if (model_prefill(m, ids, MIXED_PROMPT, NULL, &err) != 0) {
+            fprintf(stderr, "strata bench: %s\n", err.msg);
+            return -1;
+        }
+        (void)model_argmax(m);
+        if (model_rows_rode(m) != B - 1) {
+            fprintf(stderr, "strata bench: the rows did not ride the prefill\n");
+            return -1;
+        }
+        model_rows_argmax(m, B - 1);
+        model_row_choices(m, B - 1, tok);
+    }
+    return (now_ms() - t0) / (n - skip);
+}
+
 /* Batched decode (continuous batching, model_step_rows): for each B of the list, B sequences
  * each prefilled with 64 random tokens, then 32 batched steps, each row's greedy choice read by
  * the host and fed to the next step (as the engine runs them); the aggregate and per-sequence
@@ -124,7 +157,7 @@ static int bench_batch(struct model *m, const char *list) {
     seqs[0] = model_seq_default(m);
     struct backend *be = model_backend(m);
     const int V = model_config(m)->vocab_size;
-    double one = 0;
+    double one = 0, mixed_ms[MODEL_MAX_BATCH + 1] = {0}, step_ms[MODEL_MAX_BATCH + 1] = {0};
     printf("\n| batch B | aggregate tok/s | per sequence tok/s | ms / step | vs B = 1 |\n|---|---|---|---|---|\n");
     int last_B = 0;
     for (const char *q = list; *q;) {
@@ -169,8 +202,23 @@ static int bench_batch(struct model *m, const char *list) {
         if (B == 1) one = 1000 / ms;
         printf("| %d | %.0f | %.1f | %.3f | %s%.2fx |\n", B, B * 1000 / ms, 1000 / ms, ms,
                one > 0 ? "" : "(no B = 1) ", one > 0 ? B * 1000 / ms / one : 0.0);
+        if (B > 1) {
+            const double mx = time_mixed(m, seqs, tok, B, 0);
+            if (mx < 0) return 1;
+            mixed_ms[B] = mx, step_ms[B] = ms;
+        }
         last_B = B;
     }
+    int any = 0;
+    for (int B = 2; B <= MODEL_MAX_BATCH; B++)
+        if (mixed_ms[B] > 0) {
+            if (!any++)
+                printf("\nmixed step (a server's round when a request joins): B - 1 rows riding the "
+                       "prefill of a new %d-token prompt, its first token and the rows' chosen:\n\n"
+                       "| batch B | ms / mixed step | ms / step | mixed / step |\n|---|---|---|---|\n",
+                       MIXED_PROMPT);
+            printf("| %d | %.3f | %.3f | %.2fx |\n", B, mixed_ms[B], step_ms[B], mixed_ms[B] / step_ms[B]);
+        }
 #ifdef STRATA_CUDA
     if (is_cuda(m) && last_B > 0) {
         int32_t tok[MODEL_MAX_BATCH] = {0};
@@ -184,6 +232,14 @@ static int bench_batch(struct model *m, const char *list) {
         }
         backend_cuda_profile_report(be, stdout, 3);
         backend_cuda_profile(be, 0);
+        if (last_B > 1) {
+            printf("\nper-op time of one mixed step, %d rows riding a %d-token prompt:\n\n", last_B - 1,
+                   MIXED_PROMPT);
+            backend_cuda_profile(be, 1);
+            if (time_mixed(m, seqs, tok, last_B, 3) < 0) return 1;
+            backend_cuda_profile_report(be, stdout, 3);
+            backend_cuda_profile(be, 0);
+        }
     }
 #endif
     (void)last_B;
@@ -225,7 +281,8 @@ int cmd_bench(int argc, char **argv) {
                     "[--reps N] [--short (no 8k/32k context runs)] [--tg-only (tg128 alone)] "
                     "[--at N (decode at a context of N tokens alone)] "
                     "[--pp-at P:N[,P:N...] (prefill of N tokens after P, first token chosen)] "
-                    "[--batch B[,B...] (batched decode of B sequences alone)]\n");
+                    "[--batch B[,B...] (batched decode of B sequences alone; from B = 2 also "
+                    "the mixed step of B - 1 rows riding a new prompt)]\n");
             return help ? 0 : 2;
         }
     }
