@@ -1206,24 +1206,16 @@ static void launch_bulk(struct cuda *cu, const struct skinny_args &a) {
     if (last_xb != xb) { /* the ring: the most stages with 2 blocks an SM, at least 3; else 1 block */
         int R = 0, occ = 0;
         const size_t fixed = gpu_kernel_static_smem(kern);
-        for (int r = BK_RMAX; r >= 3 && !R; r--) {
-            const size_t smem = (size_t)r * BK_STAGE + xb;
-            if (smem + fixed > (size_t)cu->info.smem_optin) continue;
-            if (opted < smem) {
-                GPU_SMEM_OPTIN(kern, smem);
-                opted = smem;
+        for (int want = 2; want >= 1 && !R; want--) /* 2 blocks: at least 3 stages */
+            for (int r = BK_RMAX; r >= (want == 2 ? 3 : 2) && !R; r--) {
+                const size_t smem = (size_t)r * BK_STAGE + xb;
+                if (smem + fixed > (size_t)cu->info.smem_optin) continue;
+                if (opted < smem) {
+                    GPU_SMEM_OPTIN(kern, smem);
+                    opted = smem;
+                }
+                if (gpu_occupancy(kern, (BK_CW + 1) * WARP_SIZE, smem) >= want) R = r, occ = want;
             }
-            if (gpu_occupancy(kern, (BK_CW + 1) * WARP_SIZE, smem) >= 2) R = r, occ = 2;
-        }
-        for (int r = BK_RMAX; r >= 2 && !R; r--) {
-            const size_t smem = (size_t)r * BK_STAGE + xb;
-            if (smem + fixed > (size_t)cu->info.smem_optin) continue;
-            if (opted < smem) {
-                GPU_SMEM_OPTIN(kern, smem);
-                opted = smem;
-            }
-            if (gpu_occupancy(kern, (BK_CW + 1) * WARP_SIZE, smem) >= 1) R = r, occ = 1;
-        }
         CHECK(R);
         last_xb = xb, last_R = R, last_occ = occ;
     }
