@@ -164,7 +164,7 @@ concurrency) # bench/concurrency.py: 1, 4, 16, 64 streaming clients (carry .carr
         | tee "$OUT/concurrency.md"
     # the engine thread's time in the emit callbacks against decode (every round together)
     curl -s "http://127.0.0.1:$port/metrics" |
-        grep -E '^strata_(stream_emit_seconds|decode_seconds|prompt_seconds|tokens_generated)_total' |
+        grep -E '^strata_(stream_emit_seconds|decode_seconds|prompt_seconds|tokens_generated|batched_round[a-z_]*)_total' |
         tee -a "$OUT/concurrency.md"
     kill $pid; wait $pid
     ;;

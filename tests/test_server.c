@@ -1138,6 +1138,12 @@ int main(void) {
     test_load();
     double reqs = metric("strata_requests_total");
     EXPECT(reqs > 100, "metrics count requests (%g)", reqs);
+    /* the load's concurrent streams ran batched rounds; their wait is a part of their time */
+    const double rounds = metric("strata_batched_rounds_total"), rrows = metric("strata_batched_round_rows_total");
+    const double rsec = metric("strata_batched_round_seconds_total"),
+                 rwait = metric("strata_batched_round_wait_seconds_total");
+    EXPECT(rounds > 0 && rrows >= rounds && rsec > 0 && rwait >= 0 && rwait <= rsec,
+           "batched round metrics: %g rounds, %g rows, %g s, %g s waiting", rounds, rrows, rsec, rwait);
     server_stop(s);
     test_queue_full(dir);
     test_sigterm(dir);

@@ -519,6 +519,24 @@ static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c)
                     "# TYPE strata_stream_emit_seconds_total counter\n"
                     "strata_stream_emit_seconds_total %.6f\n",
                 m.emit_seconds);
+    struct engine_round_stats rs;
+    engine_round_stats(s->engine, &rs);
+    strbuf_printf(&b, "# HELP strata_batched_rounds_total Engine rounds that chose the tokens of a batched "
+                    "step's rows and launched the next batched step (no prompt piece in them).\n"
+                    "# TYPE strata_batched_rounds_total counter\nstrata_batched_rounds_total %lu\n",
+                rs.rounds);
+    strbuf_printf(&b, "# HELP strata_batched_round_rows_total Rows chosen in those rounds.\n"
+                    "# TYPE strata_batched_round_rows_total counter\nstrata_batched_round_rows_total %lu\n",
+                rs.rows);
+    strbuf_printf(&b, "# HELP strata_batched_round_seconds_total Engine-thread time of those rounds.\n"
+                    "# TYPE strata_batched_round_seconds_total counter\n"
+                    "strata_batched_round_seconds_total %.6f\n",
+                rs.round_ms / 1e3);
+    strbuf_printf(&b, "# HELP strata_batched_round_wait_seconds_total Time of those rounds spent waiting "
+                    "for the device's choices; the rest is host work the device does not overlap.\n"
+                    "# TYPE strata_batched_round_wait_seconds_total counter\n"
+                    "strata_batched_round_wait_seconds_total %.6f\n",
+                rs.wait_ms / 1e3);
     strbuf_printf(&b, "# HELP strata_prompt_tokens_per_second Prefill speed of the last request.\n"
                     "# TYPE strata_prompt_tokens_per_second gauge\n"
                     "strata_prompt_tokens_per_second %.3f\n",

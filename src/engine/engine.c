@@ -86,6 +86,9 @@ struct engine {
     atomic_int queued;      /* submissions waiting: the solo loop yields to them */
     int serving;            /* engine_run is stepping on its thread */
     struct cache_stats stats; /* the cache's, as of the last request's end (mu) */
+    struct engine_round_stats rstats; /* (mu) */
+    double round_wait_ms; /* this round's wait in model_row_choices */
+    int round_rows;       /* this round's rows chosen (tokens_rows) */
 };
 
 const char *engine_finish_name(enum engine_finish f) {
@@ -175,6 +178,11 @@ void engine_cache_stats(struct engine *e, struct cache_stats *out) {
     pthread_mutex_lock(&e->mu);
     if (!e->serving) cache_get_stats(e->cache, &e->stats);
     *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+void engine_round_stats(struct engine *e, struct engine_round_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    *out = e->rstats;
     pthread_mutex_unlock(&e->mu);
 }
 void engine_set_run_ahead(struct engine *e, int on) { e->run_ahead = on; }
@@ -577,7 +585,10 @@ static void tokens_rows(struct engine *e, struct slot **rs, int n) {
             model_row_sample(e->m, s->row, s->seq);
         }
     }
+    const double t_wait = now_ms();
     model_row_choices(e->m, B, ids);
+    e->round_wait_ms += now_ms() - t_wait;
+    e->round_rows += n;
     for (int i = 0; i < n; i++) {
         struct slot *s = rs[i];
         const struct engine_request *r = s->r;
@@ -692,8 +703,8 @@ static void rows_stepped(struct engine *e, struct slot **ps, const int32_t *toks
  * piece of the oldest prompt is fed, the pending tokens of the others riding its pass over the
  * weights (a mixed step); else one step feeds every pending token (a batched step, or with a
  * single request and nothing else to do, that request alone with run-ahead until another
- * arrives). */
-static void engine_round(struct engine *e) {
+ * arrives). Returns 1 when the round ended in a batched step and fed no prompt piece. */
+static int round_body(struct engine *e) {
     struct slot *rs[MODEL_MAX_BATCH];
     int n = 0;
     for (int i = 0; i < MODEL_MAX_BATCH; i++) {
@@ -726,7 +737,7 @@ static void engine_round(struct engine *e) {
         prefill_some(e, pf, n_dec ? e->prefill_chunk : 0);
         if (model_rows_rode(e->m) == B && B > 0) {
             rows_stepped(e, ps, toks, B);
-            return;
+            return 0;
         }
     }
     int n_pf = 0;
@@ -744,20 +755,37 @@ static void engine_round(struct engine *e) {
         if (feed(e, s, s->pend) != 0) {
             s->finish = ENGINE_FINISH_LENGTH;
             slot_finish(e, s);
-            return;
+            return 0;
         }
         s->at = AT_CUR;
         while (!(atomic_load(&e->queued) && e->n_active < e->max_active))
             if (token_cur(e, s, 1)) {
                 slot_finish(e, s);
-                return;
+                return 0;
             }
-        return;
+        return 0;
     }
-    if (B == 0) return;
+    if (B == 0) return 0;
     for (int b = 0; b < B; b++) seqs[b] = ps[b]->seq, toks[b] = ps[b]->pend;
     CHECK(model_step_rows(e->m, seqs, toks, B) == 0); /* is_last kept every position in range */
     rows_stepped(e, ps, toks, B);
+    return !pf; /* a plain batched round: no prompt piece ran in it */
+}
+
+/* One round (round_body), its time counted when it was a plain batched round that chose rows */
+static void engine_round(struct engine *e) {
+    const double t0 = now_ms();
+    e->round_wait_ms = 0;
+    e->round_rows = 0;
+    if (round_body(e) && e->round_rows) {
+        const double dt = now_ms() - t0;
+        pthread_mutex_lock(&e->mu);
+        e->rstats.rounds++;
+        e->rstats.rows += (unsigned long)e->round_rows;
+        e->rstats.round_ms += dt;
+        e->rstats.wait_ms += e->round_wait_ms;
+        pthread_mutex_unlock(&e->mu);
+    }
 }
 
 /* Queues sub (e->mu not held). */

@@ -119,6 +119,16 @@ void engine_set_cache(struct engine *e, size_t budget_bytes);
 void engine_warmup(struct engine *e);
 struct cache_stats;
 void engine_cache_stats(struct engine *e, struct cache_stats *out); /* any thread */
+/* The plain batched rounds (a round that chooses the tokens of the last batched step's rows, then
+ * launches the next batched step): how many, their rows, their wall time on the engine thread and
+ * the part of it spent waiting for the device's choices (model_row_choices). The rest is host
+ * work the device does not overlap: accepting the tokens (detokenizer, stop strings, the emit
+ * callbacks), admission, launching the next step. */
+struct engine_round_stats {
+    unsigned long rounds, rows;
+    double round_ms, wait_ms;
+};
+void engine_round_stats(struct engine *e, struct engine_round_stats *out); /* any thread */
 /* Run ahead (default: on where model_async, the GPU): each token's feeding step is queued
  * before its text is handled, so that host work overlaps the device's; greedy requests without
  * penalties feed each choice on the device before the host reads it (model_step_greedy). The
