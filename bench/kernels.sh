@@ -22,6 +22,8 @@
 #               (default 4,096) 4B prefill, or in `strata $NCU_CMD` (e.g. "bench --model /dev/shm/strata-models/4b
 #               --ctx 8192 --batch 4")
 #   COMPARE     sizes for compare_transformers.py compare --long 2048 (0.8b 4b)
+#   AHEAD       random checkpoints (e.g. 4b) on which `strata_logits ... ahead 40` checks greedy batched
+#               decode run ahead (choices fed on the device) against fed by the host
 #   BATCH       variants of `strata bench --model 4b --ctx 8192 --batch $BATCHES` (default
 #               1,2,3,4,8,12,16), in order: VAR=VALUE[:VAR2=VALUE2] words, "-" for none, "base"
 #               for the binary in .carry/base (another tree's `stage`, copied there)
@@ -82,6 +84,7 @@ need=$BENCH
 [ -n "${AB:-}" ] && need="$need 4b"
 [ -n "${NCU:-}" ] && need="$need 4b"
 [ -n "${BATCH:-}${CONC:-}${TGAB:-}${NCU_SRC:-}${KTRACE:-}" ] && need="$need 4b"
+need="$need ${AHEAD:-}"
 # the checkpoints, made while test_cuda runs
 (for s in $(echo $need | tr ' ' '\n' | sort -u); do
     [ -f $M/$s/config.json ] || python3 tools/compare_transformers.py random --size "$s" --out "$M/$s" 2>&1 | tail -1
@@ -171,6 +174,10 @@ if [ -n "${NCU_SRC:-}" ]; then
     "$NCUB" -i "$OUT/src.ncu-rep" --page source --print-source sass --csv >"$OUT/sass.csv" 2>&1
     head -1 "$OUT/sass.csv"
 fi
+for s in ${AHEAD:-}; do
+    python3 -c "import random, struct; random.seed(5); open('$OUT/ahead-ids.bin', 'wb').write(struct.pack('<64i', *[random.randrange(1000, 100000) for _ in range(64)]))"
+    echo "== ahead $s: $(timeout 120 "$BIN/strata_logits" "$M/$s" cuda "$OUT/ahead-ids.bin" "$OUT/ahead-$s.bin" ahead 40 2>&1 | tail -1)"
+done
 for s in ${COMPARE:-}; do
     t0=$(date +%s)
     PYTHONUNBUFFERED=1 timeout 400 python3 tools/compare_transformers.py compare --size "$s" --work "$M" \

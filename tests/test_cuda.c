@@ -1103,6 +1103,34 @@ static void check_sample(void) {
     bes[0]->ops->destroy(bes[0]);
 }
 
+/* rows_post / rows_wait: each post reads its rows as they were when it was queued (a later
+ * upload over them does not show), any of the last BACKEND_POSTS posts can be waited for, in any
+ * order, and a wait returns while later work is still queued. */
+static void check_rows_post(void) {
+    struct config c = make_config("demo");
+    struct error err = {{0}};
+    struct backend *be = backend_cuda_create(&c, 64, 1, &err);
+    CHECK(be && be->ops->rows_post && be->ops->rows_wait);
+    int32_t *dev = be->ops->alloc(be, BACKEND_ROWS_MAX * sizeof(int32_t));
+    int32_t want[3][BACKEND_ROWS_MAX], got[BACKEND_ROWS_MAX];
+    const int Bs[3] = {5, BACKEND_ROWS_MAX, 1};
+    int64_t n[3];
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < BACKEND_ROWS_MAX; i++) want[k][i] = 1000 * (k + 1) + i * 7;
+        be->ops->upload(be, dev, want[k], sizeof want[k]);
+        n[k] = be->ops->rows_post(be, dev, Bs[k]);
+    }
+    int ok = n[1] == n[0] + 1 && n[2] == n[1] + 1;
+    for (int k = 2; k >= 0; k--) {
+        be->ops->rows_wait(be, n[k], got, Bs[k]);
+        ok &= !memcmp(got, want[k], (size_t)Bs[k] * sizeof *got);
+    }
+    EXPECT(ok, "rows_post: the rows as posted, waited for newest first");
+    be->ops->free(be, dev);
+    be->ops->destroy(be);
+    printf("rows_post / rows_wait: %s\n", ok ? "ok" : "FAIL");
+}
+
 int main(int argc, char **argv) {
     struct config c = make_config("0.8B");
     struct error err = {{0}};
@@ -1113,6 +1141,7 @@ int main(int argc, char **argv) {
     }
     probe->ops->destroy(probe);
     if (argc <= 1 || !strcmp(argv[1], "sample")) check_sample();
+    if (argc <= 1 || !strcmp(argv[1], "demo")) check_rows_post();
     const char *sizes[] = {"0.8B", "4B", "9B", "demo", "27B"};
     for (int i = 0; i < 5; i++) {
         if (argc > 1 && strcmp(argv[1], sizes[i]) != 0) continue;

@@ -382,6 +382,60 @@ static void batch_checks(const char *dir, struct tokenizer *tok, int ahead) {
         EXPECT((many[i].n == 12 && memcmp(many[i].ids, solo[i].ids, 12 * 4) == 0) ||
                    i % 3 != 0 || i == 3 || i == 6,
                "repeat %d: greedy tokens after a cache hit differ", i);
+    /* every row's token the device's choice or a forced one (greedy, sampled on the device with
+     * penalties, teacher-forced, a stop string, a cancellation): running ahead, the rounds queue
+     * the next batched step before handling their tokens, with the same tokens and text as each
+     * request alone */
+    {
+        enum { N_AHEAD = 6 };
+        static struct capture alone[N_AHEAD], together[N_AHEAD];
+        static const int32_t forced[10] = {11, 220, 1000, 42, 7, 7, 7, 300, 5000, 12};
+        struct engine_request aq[N_AHEAD];
+        struct engine_result ares[N_AHEAD];
+        struct engine_round_stats st0, st1;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < N_AHEAD; i++) {
+                struct capture *c = pass ? &together[i] : &alone[i];
+                base_request(&aq[i], ids[i], n_ids[i], c);
+                aq[i].max_tokens = 24 + 6 * i;
+                if (i == 1 || i == 4) { /* Qwen's sampling on the device, with penalties */
+                    aq[i].sampling.temperature = 0.7f, aq[i].sampling.top_k = 20, aq[i].sampling.top_p = 0.8f;
+                    aq[i].sampling.presence_penalty = 1.5f, aq[i].sampling.seed = 300 + i;
+                }
+                if (i == 2) aq[i].stop[aq[i].n_stop++] = "e";
+                if (i == 3) aq[i].forced = forced, aq[i].n_forced = 10;
+                if (i == 4) c->cancel_at = 9;
+            }
+            engine_round_stats(e, &st0);
+            if (pass == 0) {
+                for (int i = 0; i < N_AHEAD; i++) {
+                    engine_set_prefix_reuse(e, 0);
+                    CHECK(engine_generate(e, &aq[i], &ares[i], &err) == 0);
+                    engine_set_prefix_reuse(e, 1);
+                }
+            } else {
+                engine_set_prefix_reuse(e, 0);
+                EXPECT(engine_generate_many(e, aq, ares, errs, N_AHEAD) == N_AHEAD, "device choices: all started");
+                engine_set_prefix_reuse(e, 1);
+            }
+            engine_round_stats(e, &st1);
+        }
+        printf("device choices, run ahead %s: %lu of %lu batched rounds ran ahead\n", ahead ? "on" : "off",
+               st1.ahead - st0.ahead, st1.rounds - st0.rounds);
+        EXPECT(ahead ? st1.ahead > st0.ahead + 10 : st1.ahead == st0.ahead,
+               "device choices, run ahead %s: %lu of %lu batched rounds ran ahead", ahead ? "on" : "off",
+               st1.ahead - st0.ahead, st1.rounds - st0.rounds);
+        for (int i = 0; i < N_AHEAD; i++)
+            EXPECT(alone[i].n == together[i].n && memcmp(alone[i].ids, together[i].ids, (size_t)alone[i].n * 4) == 0 &&
+                       alone[i].len == together[i].len && memcmp(alone[i].text, together[i].text, alone[i].len) == 0,
+                   "device choices, request %d: %d tokens alone, %d batched, %s", i, alone[i].n, together[i].n,
+                   alone[i].n == together[i].n ? "different tokens or text" : "different counts");
+        EXPECT(ares[2].finish == ENGINE_FINISH_STOP && ares[4].finish == ENGINE_FINISH_CANCELLED &&
+                   together[4].n == 9 && ares[5].finish == ENGINE_FINISH_LENGTH && together[5].n == aq[5].max_tokens &&
+                   memcmp(together[3].ids, forced, sizeof forced) == 0,
+               "device choices: stop %d, cancelled at %d, length %d (%d tokens), forced ids", (int)ares[2].finish,
+               together[4].n, (int)ares[5].finish, together[5].n);
+    }
     /* a prompt that does not fit is refused alone; the others run */
     {
         int32_t *big = xcalloc(2000, sizeof *big);

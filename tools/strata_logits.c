@@ -10,6 +10,8 @@
  *                                                  OUT gets float32 (2, n-P+1, vocab)
  *   strata_logits DIR BACKEND IDS OUT rows P       batched decode (4 sequences) against
  *                                                  single-sequence steps of the same ids
+ *   strata_logits DIR BACKEND IDS OUT ahead P      batched greedy decode run ahead (choices fed
+ *                                                  on the device) against fed by the host
  * IDS is a file of int32 token ids. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +40,7 @@ static int argmax_f(const float *x, int n) {
 
 int main(int argc, char **argv) {
     if (argc < 6) {
-        fprintf(stderr, "usage: strata_logits DIR cpu|cuda IDS OUT all|greedy N|steps P|rows P|ride P\n");
+        fprintf(stderr, "usage: strata_logits DIR cpu|cuda IDS OUT all|greedy N|steps P|rows P|ride P|ahead P\n");
         return 2;
     }
     struct model_options opt = {0};
@@ -198,6 +200,69 @@ int main(int argc, char **argv) {
                B, ride ? ", every other step riding a prefill" : "", maxd, agree, B * steps);
         free(bat);
         free(one);
+    } else if (!strcmp(mode, "ahead") && argc > 6) {
+        /* greedy batched decode run ahead (the engine's form on a device: each step's choices
+         * fed to the next step on the device, model_rows_post / model_step_rows_from / model_rows_wait)
+         * against the host feeding them (model_row_choices / model_step_rows): 4 sequences
+         * prefilled with IDS[0..P - b), 16 steps, row 1 leaving after the 8th (the rest fed from
+         * rows 0, 2, 3); every token must be the same. OUT gets both runs' int32 tokens. */
+        enum { B = 4, STEPS = 16 };
+        const int P = atoi(argv[6]);
+        if (P < B + 1 || P > n) {
+            fprintf(stderr, "strata_logits: ahead: P in %d..%d\n", B + 1, n);
+            return 2;
+        }
+        struct model_seq *seqs[B];
+        seqs[0] = model_seq_default(m);
+        for (int b = 1; b < B; b++) seqs[b] = model_seq_create(m);
+        int32_t got[2][STEPS][B];
+        memset(got, 0xff, sizeof got);
+        for (int run = 0; run < 2; run++) {
+            int32_t tok[B];
+            for (int b = 0; b < B; b++) {
+                model_seq_use(m, seqs[b]);
+                model_reset(m);
+                if (model_prefill(m, ids, P - b, NULL, &err) < 0) return 1;
+                tok[b] = model_argmax(m);
+            }
+            struct model_seq *live[B] = {seqs[0], seqs[1], seqs[2], seqs[3]};
+            int rows[B] = {0, 1, 2, 3}, nl = B; /* live sequence i: which of the 4 it is */
+            if (model_step_rows(m, live, tok, B) != 0) return 1;
+            for (int st = 0; st < STEPS; st++) {
+                int32_t ch[B];
+                model_rows_argmax(m, nl);
+                if (run == 0) {
+                    model_row_choices(m, nl, ch);
+                } else {
+                    const int64_t post = model_rows_post(m, nl);
+                    if (st + 1 < STEPS) { /* the next step, queued before the choices are read */
+                        int from[B], keep = 0;
+                        struct model_seq *next[B];
+                        for (int i = 0; i < nl; i++)
+                            if (!(st == 7 && rows[i] == 1)) next[keep] = live[i], from[keep++] = i;
+                        if (model_step_rows_from(m, next, tok, from, keep) != 0) return 1;
+                    }
+                    model_rows_wait(m, post, nl, ch);
+                }
+                for (int i = 0; i < nl; i++) got[run][st][rows[i]] = ch[i];
+                if (st + 1 == STEPS) break;
+                int keep = 0;
+                for (int i = 0; i < nl; i++)
+                    if (!(st == 7 && rows[i] == 1)) live[keep] = live[i], rows[keep] = rows[i], tok[keep++] = ch[i];
+                nl = keep;
+                if (run == 0 && model_step_rows(m, live, tok, nl) != 0) return 1;
+            }
+        }
+        int same = 0, total = 0;
+        for (int st = 0; st < STEPS; st++)
+            for (int b = 0; b < B; b++) {
+                if (b == 1 && st > 7) continue;
+                total++;
+                same += got[0][st][b] == got[1][st][b];
+            }
+        printf("run ahead (choices fed on the device) vs fed by the host: %d/%d tokens identical\n", same, total);
+        fwrite(got, sizeof got, 1, out);
+        if (same != total) rc = 1;
     } else {
         fprintf(stderr, "strata_logits: unknown mode %s\n", mode);
         rc = 2;

@@ -525,6 +525,10 @@ static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c)
                     "step's rows and launched the next batched step (no prompt piece in them).\n"
                     "# TYPE strata_batched_rounds_total counter\nstrata_batched_rounds_total %lu\n",
                 rs.rounds);
+    strbuf_printf(&b, "# HELP strata_batched_rounds_ahead_total Those of them that queued the next step "
+                    "before handling their tokens (run ahead).\n"
+                    "# TYPE strata_batched_rounds_ahead_total counter\nstrata_batched_rounds_ahead_total %lu\n",
+                rs.ahead);
     strbuf_printf(&b, "# HELP strata_batched_round_rows_total Rows chosen in those rounds.\n"
                     "# TYPE strata_batched_round_rows_total counter\nstrata_batched_round_rows_total %lu\n",
                 rs.rows);
@@ -533,7 +537,8 @@ static enum MHD_Result serve_metrics(struct server *s, struct MHD_Connection *c)
                     "strata_batched_round_seconds_total %.6f\n",
                 rs.round_ms / 1e3);
     strbuf_printf(&b, "# HELP strata_batched_round_wait_seconds_total Time of those rounds spent waiting "
-                    "for the device's choices; the rest is host work the device does not overlap.\n"
+                    "for the device's choices; the rest is host work, which the device overlaps only "
+                    "in the rounds that ran ahead.\n"
                     "# TYPE strata_batched_round_wait_seconds_total counter\n"
                     "strata_batched_round_wait_seconds_total %.6f\n",
                 rs.wait_ms / 1e3);

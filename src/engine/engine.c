@@ -87,8 +87,9 @@ struct engine {
     int serving;            /* engine_run is stepping on its thread */
     struct cache_stats stats; /* the cache's, as of the last request's end (mu) */
     struct engine_round_stats rstats; /* (mu) */
-    double round_wait_ms; /* this round's wait in model_row_choices */
+    double round_wait_ms; /* this round's wait in model_rows_wait */
     int round_rows;       /* this round's rows chosen (tokens_rows) */
+    int round_ahead;      /* this round ran ahead (tokens_rows) */
 };
 
 const char *engine_finish_name(enum engine_finish f) {
@@ -567,9 +568,33 @@ static int token_cur(struct engine *e, struct slot *s, int solo) {
     return accept(e, s, id, last, solo, fed);
 }
 
+/* Whether the next batched step may be queued before the host handles the tokens of rs[0..n)
+ * (run ahead, as a request alone does): each row's next token is the device's choice or a forced
+ * one, none is its last, none needs the step's logits on the host afterwards (logprobs, a
+ * grammar's mask, the host sampler); at least two rows (one alone goes back to the single-
+ * sequence step); no other slot decoding (its token would need a step of its own) and nothing
+ * waiting to be admitted or prefilled (that round is a mixed step, the rows riding the prompt's
+ * piece). */
+static int rows_can_run_ahead(struct engine *e, struct slot *const *rs, int n) {
+    if (!e->run_ahead || n < 2 || (atomic_load(&e->queued) && e->n_active < e->max_active)) return 0;
+    for (int i = 0; i < MODEL_MAX_BATCH; i++) { /* rs: every slot decoding, none prefilling */
+        const struct slot *s = &e->slots[i];
+        if (s->state == SLOT_PREFILL || (s->state == SLOT_DECODE && s->at != AT_ROW)) return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct slot *s = rs[i];
+        const struct engine_request *r = s->r;
+        if (is_last(e, s) || r->logprobs || r->grammar) return 0;
+        if (s->n_gen >= r->n_forced && !s->greedy_plain && !s->dev_sample) return 0;
+    }
+    return 1;
+}
+
 /* The tokens of the slots whose logits are rows of the last batched step: every device choice
- * queued, read back at once, then each accepted in turn. */
-static void tokens_rows(struct engine *e, struct slot **rs, int n) {
+ * queued and posted to the host; running ahead, the next batched step is queued behind them,
+ * fed those choices on the device (rows in rs' order); then each token accepted in turn.
+ * Returns whether it ran ahead (the slots still decoding hold rows of that step). */
+static int tokens_rows(struct engine *e, struct slot **rs, int n) {
     int32_t ids[MODEL_MAX_BATCH];
     int B = 0;
     for (int i = 0; i < n; i++)
@@ -585,10 +610,26 @@ static void tokens_rows(struct engine *e, struct slot **rs, int n) {
             model_row_sample(e->m, s->row, s->seq);
         }
     }
+    const int64_t post = model_rows_post(e->m, B);
+    const int ahead = rows_can_run_ahead(e, rs, n);
+    if (ahead) {
+        struct model_seq *seqs[MODEL_MAX_BATCH];
+        int32_t toks[MODEL_MAX_BATCH];
+        int from[MODEL_MAX_BATCH];
+        for (int i = 0; i < n; i++) {
+            const struct slot *s = rs[i];
+            const int forced = s->n_gen < s->r->n_forced;
+            seqs[i] = s->seq;
+            toks[i] = forced ? s->r->forced[s->n_gen] : 0;
+            from[i] = forced ? -1 : s->row;
+        }
+        CHECK(model_step_rows_from(e->m, seqs, toks, from, n) == 0); /* no row at its last */
+    }
     const double t_wait = now_ms();
-    model_row_choices(e->m, B, ids);
+    model_rows_wait(e->m, post, B, ids);
     e->round_wait_ms += now_ms() - t_wait;
     e->round_rows += n;
+    e->round_ahead = ahead;
     for (int i = 0; i < n; i++) {
         struct slot *s = rs[i];
         const struct engine_request *r = s->r;
@@ -601,9 +642,18 @@ static void tokens_rows(struct engine *e, struct slot **rs, int n) {
             if (r->grammar) grammar_mask_logits(e, s);
             id = sampler_sample(s->smp, e->logits);
         }
+        if (ahead) cache_push_to(e->cache, s->cslot, id); /* fed by the step queued above: if
+                                                             the token ends the request, the
+                                                             state holds it and the cache says so */
         if (r->logprobs) logprobs_of_step(e, s, s->row, id);
-        if (accept(e, s, id, last, 0, 0)) slot_finish(e, s);
+        if (accept(e, s, id, last, 0, 0)) {
+            slot_finish(e, s);
+        } else if (ahead) {
+            s->at = AT_ROW;
+            s->row = i;
+        }
     }
+    return ahead;
 }
 
 static void slot_finish(struct engine *e, struct slot *s) {
@@ -703,7 +753,8 @@ static void rows_stepped(struct engine *e, struct slot **ps, const int32_t *toks
  * piece of the oldest prompt is fed, the pending tokens of the others riding its pass over the
  * weights (a mixed step); else one step feeds every pending token (a batched step, or with a
  * single request and nothing else to do, that request alone with run-ahead until another
- * arrives). Returns 1 when the round ended in a batched step and fed no prompt piece. */
+ * arrives). Returns 1 when the round queued a batched step (run ahead, or at its end) and fed
+ * no prompt piece. */
 static int round_body(struct engine *e) {
     struct slot *rs[MODEL_MAX_BATCH];
     int n = 0;
@@ -716,7 +767,7 @@ static int round_body(struct engine *e) {
             if (token_cur(e, s, 0)) slot_finish(e, s);
         }
     }
-    if (n) tokens_rows(e, rs, n);
+    const int ahead = n ? tokens_rows(e, rs, n) : 0;
     admit(e);
     struct slot *pf = NULL;
     struct model_seq *seqs[MODEL_MAX_BATCH];
@@ -765,7 +816,7 @@ static int round_body(struct engine *e) {
             }
         return 0;
     }
-    if (B == 0) return 0;
+    if (B == 0) return ahead && !pf;
     for (int b = 0; b < B; b++) seqs[b] = ps[b]->seq, toks[b] = ps[b]->pend;
     CHECK(model_step_rows(e->m, seqs, toks, B) == 0); /* is_last kept every position in range */
     rows_stepped(e, ps, toks, B);
@@ -776,11 +827,12 @@ static int round_body(struct engine *e) {
 static void engine_round(struct engine *e) {
     const double t0 = now_ms();
     e->round_wait_ms = 0;
-    e->round_rows = 0;
+    e->round_rows = e->round_ahead = 0;
     if (round_body(e) && e->round_rows) {
         const double dt = now_ms() - t0;
         pthread_mutex_lock(&e->mu);
         e->rstats.rounds++;
+        e->rstats.ahead += (unsigned long)e->round_ahead;
         e->rstats.rows += (unsigned long)e->round_rows;
         e->rstats.round_ms += dt;
         e->rstats.wait_ms += e->round_wait_ms;

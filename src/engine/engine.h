@@ -119,13 +119,14 @@ void engine_set_cache(struct engine *e, size_t budget_bytes);
 void engine_warmup(struct engine *e);
 struct cache_stats;
 void engine_cache_stats(struct engine *e, struct cache_stats *out); /* any thread */
-/* The plain batched rounds (a round that chooses the tokens of the last batched step's rows, then
- * launches the next batched step): how many, their rows, their wall time on the engine thread and
- * the part of it spent waiting for the device's choices (model_row_choices). The rest is host
- * work the device does not overlap: accepting the tokens (detokenizer, stop strings, the emit
- * callbacks), admission, launching the next step. */
+/* The plain batched rounds (a round that chooses the tokens of the last batched step's rows and
+ * queues the next batched step, no prompt piece in it): how many, how many of them ran ahead
+ * (queued the next step before handling the tokens), their rows, their wall time on the engine
+ * thread and the part of it spent waiting for the device's choices (model_rows_wait). The rest
+ * is host work (accepting the tokens: detokenizer, stop strings, the emit callbacks; admission;
+ * queueing the next step), which the device overlaps only in the rounds that ran ahead. */
 struct engine_round_stats {
-    unsigned long rounds, rows;
+    unsigned long rounds, ahead, rows;
     double round_ms, wait_ms;
 };
 void engine_round_stats(struct engine *e, struct engine_round_stats *out); /* any thread */

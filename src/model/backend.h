@@ -45,6 +45,7 @@ struct backend_rows {
 };
 
 #define BACKEND_POSTS 16 /* argmax choices posted to the host that a backend keeps */
+#define BACKEND_ROWS_MAX 64 /* rows of one rows_post */
 
 /* Sampling on the backend (the sample op). The state lives in backend memory, written by the
  * host before a request (model_sample_begin): these parameters, and per token of the vocabulary
@@ -267,6 +268,12 @@ struct backend_ops {
      * library's plans for every row count of the shapes run so far, their kernels loaded), so
      * that no request pays it; called after a warm-up that ran every op. May be NULL. */
     void (*warm)(struct backend *be);
+    /* A batched step's choices on their way to the host: rows_post queues a copy of src[0..B)
+     * (B <= BACKEND_ROWS_MAX) and returns its number (1, 2, ...); rows_wait waits for copy n (the
+     * backend keeps the last BACKEND_POSTS), not for the work queued after it (the next step,
+     * run ahead), and reads it to out. May be NULL (the caller downloads). */
+    int64_t (*rows_post)(struct backend *be, const int32_t *src, int B);
+    void (*rows_wait)(struct backend *be, int64_t n, int32_t *out, int B);
 };
 
 struct backend {

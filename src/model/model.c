@@ -9,6 +9,7 @@
  * the MLP. */
 #include "model.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,7 @@ struct rows_host {
     int32_t pos[MODEL_MAX_BATCH], ids[MODEL_MAX_BATCH];
     char *kv[MODEL_MAX_BATCH], *gdn[MODEL_MAX_BATCH];
 };
+_Static_assert(MODEL_MAX_BATCH <= BACKEND_ROWS_MAX, "a batched step's choices in one rows_post");
 
 struct model {
     struct config config;
@@ -107,6 +109,8 @@ struct model {
     void *rows_dev;       /* struct rows_host's layout: the rows' positions, ids, blocks */
     int32_t *row_choice;  /* (MODEL_MAX_BATCH,) the rows' choices */
     int n_rows;           /* rows of the last batched step */
+    int32_t row_post[2][MODEL_MAX_BATCH]; /* model_rows_post without the backend's op */
+    int64_t n_row_posts;
     struct model_seq *ride[MODEL_MAX_BATCH]; /* model_rows_ride: rows for the next prefill call */
     int32_t ride_tok[MODEL_MAX_BATCH];
     int n_ride, rode;     /* registered; carried by the prefill since */
@@ -1060,11 +1064,9 @@ static void rows_advance(struct model *m, struct model_seq *const *seqs, int B) 
     m->n_rows = B;
 }
 
-int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
+/* The graph of B rows, their positions, ids and blocks uploaded (rows_dev: any B sequences) */
+static void rows_run(struct model *m, struct model_seq *const *seqs, int B, int max_pos) {
     struct backend *be = m->be;
-    const int max_pos = rows_upload(m, seqs, tokens, B);
-    if (max_pos < 0) return -1;
-    /* the graph of B rows (positions and blocks are read from rows_dev: any B sequences) */
     const int variant = be->ops->graph_variant && be->ops->graph_variant(be, max_pos);
     const int key = GRAPH_ROWS + 2 * B + variant;
     if (!be->ops->graph_replay(be, key)) {
@@ -1073,6 +1075,39 @@ int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_
         be->ops->graph_end(be, key);
     }
     rows_advance(m, seqs, B);
+}
+
+int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_t *tokens, int B) {
+    const int max_pos = rows_upload(m, seqs, tokens, B);
+    if (max_pos < 0) return -1;
+    rows_run(m, seqs, B, max_pos);
+    return 0;
+}
+
+int model_step_rows_from(struct model *m, struct model_seq *const *seqs, const int32_t *tokens,
+                         const int *from, int B) {
+    struct backend *be = m->be;
+    int32_t toks[MODEL_MAX_BATCH];
+    CHECK(B >= 1 && B <= MODEL_MAX_BATCH);
+    for (int b = 0; b < B; b++) {
+        CHECK(from[b] < m->n_rows);
+        toks[b] = from[b] >= 0 ? 0 : tokens[b]; /* 0: a place the choice is copied to */
+    }
+    const int max_pos = rows_upload(m, seqs, toks, B);
+    if (max_pos < 0) return -1;
+    /* the choices into the uploaded ids, queued behind the upload: a copy a run of rows */
+    int32_t *ids_dev = (int32_t *)((char *)m->rows_dev + offsetof(struct rows_host, ids));
+    for (int b = 0; b < B;) {
+        if (from[b] < 0) {
+            b++;
+            continue;
+        }
+        int e = b + 1;
+        while (e < B && from[e] == from[e - 1] + 1) e++;
+        be->ops->copy(be, ids_dev + b, 0, m->row_choice + from[b], 0, (size_t)(e - b) * sizeof *ids_dev, 1);
+        b = e;
+    }
+    rows_run(m, seqs, B, max_pos);
     return 0;
 }
 
@@ -1110,6 +1145,25 @@ void model_row_sample(struct model *m, int b, struct model_seq *s) {
 void model_row_choices(struct model *m, int B, int32_t *out) {
     CHECK(B >= 1 && B <= m->n_rows);
     m->be->ops->download(m->be, out, m->row_choice, (size_t)B * sizeof *out);
+}
+
+int64_t model_rows_post(struct model *m, int B) {
+    struct backend *be = m->be;
+    CHECK(B >= 1 && B <= m->n_rows && B <= BACKEND_ROWS_MAX);
+    if (be->ops->rows_post) return be->ops->rows_post(be, m->row_choice, B);
+    const int64_t n = ++m->n_row_posts; /* a backend without the op: read now */
+    be->ops->download(be, m->row_post[n % 2], m->row_choice, (size_t)B * sizeof(int32_t));
+    return n;
+}
+
+void model_rows_wait(struct model *m, int64_t n, int B, int32_t *out) {
+    struct backend *be = m->be;
+    if (be->ops->rows_wait) {
+        be->ops->rows_wait(be, n, out, B);
+        return;
+    }
+    CHECK(n >= 1 && n <= m->n_row_posts && n >= m->n_row_posts - 1 && B >= 1 && B <= MODEL_MAX_BATCH);
+    memcpy(out, m->row_post[n % 2], (size_t)B * sizeof *out);
 }
 
 void model_row_logits(struct model *m, int b, float *out) {

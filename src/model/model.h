@@ -155,6 +155,16 @@ int model_step_rows(struct model *m, struct model_seq *const *seqs, const int32_
 void model_rows_argmax(struct model *m, int B);
 void model_row_sample(struct model *m, int b, struct model_seq *s);
 void model_row_choices(struct model *m, int B, int32_t *out);
+/* Running ahead (the next batched step queued before the host has read this one's choices):
+ * model_rows_post queues the choices of rows 0..B-1 (as model_row_choices reads them) on their
+ * way to the host and numbers them; model_rows_wait reads post n (one of the last two), waiting
+ * for it but not for the work queued after it. model_step_rows_from is model_step_rows where row
+ * b's token, for from[b] >= 0, is the choice of row from[b] of the last batched step as the
+ * device holds it (tokens[b] is then not read). */
+int64_t model_rows_post(struct model *m, int B);
+void model_rows_wait(struct model *m, int64_t n, int B, int32_t *out);
+int model_step_rows_from(struct model *m, struct model_seq *const *seqs, const int32_t *tokens,
+                         const int *from, int B);
 void model_row_logits(struct model *m, int b, float *out);
 int model_row_logprobs(struct model *m, int b, int k, int32_t chosen, float *lse,
                        float *chosen_logit, int32_t *top_ids, float *top_logits);

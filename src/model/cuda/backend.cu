@@ -761,6 +761,26 @@ static int32_t op_choice_wait(struct backend *be, int64_t n) {
     }
 }
 
+/* The rows' choices by a copy to pinned memory, an event after it: waiting for the event does
+ * not wait for the step queued behind it. */
+static int64_t op_rows_post(struct backend *be, const int32_t *src, int B) {
+    struct cuda *cu = cuda_of(be);
+    CHECK(!cu->capturing && B >= 1 && B <= BACKEND_ROWS_MAX);
+    const int64_t n = ++cu->n_rows_posts;
+    const int slot = (int)(n % BACKEND_POSTS);
+    gpu_memcpy_d2h(cu->rows_mail + (size_t)slot * BACKEND_ROWS_MAX, src, (size_t)B * sizeof *src, cu->stream);
+    gpu_event_record(cu->rows_ev[slot], cu->stream);
+    return n;
+}
+static void op_rows_wait(struct backend *be, int64_t n, int32_t *out, int B) {
+    struct cuda *cu = cuda_peek(be);
+    CHECK(n >= 1 && n <= cu->n_rows_posts && n > cu->n_rows_posts - BACKEND_POSTS);
+    CHECK(B >= 1 && B <= BACKEND_ROWS_MAX);
+    const int slot = (int)(n % BACKEND_POSTS);
+    gpu_event_sync(cu->rows_ev[slot]);
+    memcpy(out, cu->rows_mail + (size_t)slot * BACKEND_ROWS_MAX, (size_t)B * sizeof *out);
+}
+
 static void op_warm(struct backend *be) {
     cuda_gemm_warm(cuda_of(be), be->max_T);
 }
@@ -780,6 +800,8 @@ static void op_destroy(struct backend *be) {
     free(cu->gemm_plans);
     gpu_host_free(cu->stage);
     gpu_host_free(cu->mail);
+    gpu_host_free(cu->rows_mail);
+    for (int i = 0; i < BACKEND_POSTS; i++) gpu_event_destroy(cu->rows_ev[i]);
     gpu_stream_destroy(cu->stream);
     free(cu);
     free(be);
@@ -813,6 +835,8 @@ static const struct backend_ops cuda_ops = {
     op_sample,
     op_logprobs,
     op_warm,
+    op_rows_post,
+    op_rows_wait,
 };
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
@@ -935,6 +959,8 @@ extern "C" struct backend *backend_cuda_create(const struct config *c, int max_c
     cu->mail = (unsigned long long *)gpu_host_alloc_mapped(BACKEND_POSTS * sizeof *cu->mail, &mail_dev);
     cu->mail_dev = (unsigned long long *)mail_dev;
     memset(cu->mail, 0, BACKEND_POSTS * sizeof *cu->mail);
+    cu->rows_mail = (int32_t *)gpu_host_alloc((size_t)BACKEND_POSTS * BACKEND_ROWS_MAX * sizeof *cu->rows_mail);
+    for (int i = 0; i < BACKEND_POSTS; i++) gpu_event_create_sync(&cu->rows_ev[i]);
     gpu_stream_sync(cu->stream);
     return be;
 }

@@ -157,6 +157,10 @@ static inline void gpu_graph_destroy(gpu_graph g, gpu_graph_exec e) {
     if (g) GPU_CHECK(cudaGraphDestroy(g));
 }
 static inline void gpu_event_create(gpu_event *e) { GPU_CHECK(cudaEventCreate(e)); }
+static inline void gpu_event_create_sync(gpu_event *e) { /* waited on only, never timed */
+    GPU_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+}
+static inline void gpu_event_sync(gpu_event e) { GPU_CHECK(cudaEventSynchronize(e)); }
 static inline void gpu_event_destroy(gpu_event e) { GPU_CHECK(cudaEventDestroy(e)); }
 static inline void gpu_event_record(gpu_event e, gpu_stream s) { GPU_CHECK(cudaEventRecord(e, s)); }
 static inline float gpu_event_ms(gpu_event a, gpu_event b) {

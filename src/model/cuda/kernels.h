@@ -176,6 +176,9 @@ struct cuda {
     unsigned *n_posts;  /* (1,) argmax choices posted so far (device) */
     unsigned long long *mail, *mail_dev; /* (BACKEND_POSTS,) pinned, mapped: post n at n %
                                             BACKEND_POSTS as n << 32 | choice */
+    int32_t *rows_mail; /* (BACKEND_POSTS, BACKEND_ROWS_MAX) pinned: rows post n at n % BACKEND_POSTS */
+    gpu_event rows_ev[BACKEND_POSTS]; /* each rows post's copy done */
+    int64_t n_rows_posts;
 };
 
 /* The backend's state, any pending residual add left as it is (the ops that may fuse it). */
