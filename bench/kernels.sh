@@ -176,7 +176,8 @@ if [ -n "${NCU_SRC:-}" ]; then
 fi
 for s in ${AHEAD:-}; do
     python3 -c "import random, struct; random.seed(5); open('$OUT/ahead-ids.bin', 'wb').write(struct.pack('<64i', *[random.randrange(1000, 100000) for _ in range(64)]))"
-    echo "== ahead $s: $(timeout 120 "$BIN/strata_logits" "$M/$s" cuda "$OUT/ahead-ids.bin" "$OUT/ahead-$s.bin" ahead 40 2>&1 | tail -1)"
+    timeout 120 "$BIN/strata_logits" "$M/$s" cuda "$OUT/ahead-ids.bin" "$OUT/ahead-$s.bin" ahead 40 >"$OUT/ahead-$s.txt" 2>&1
+    echo "== ahead $s: rc $?: $(tail -1 "$OUT/ahead-$s.txt")"
 done
 for s in ${COMPARE:-}; do
     t0=$(date +%s)

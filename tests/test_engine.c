@@ -450,6 +450,101 @@ static void batch_checks(const char *dir, struct tokenizer *tok, int ahead) {
     model_free(m);
 }
 
+/* Batched rounds at their edges, each request's tokens against the same request alone: with
+ * room for 2, three requests, one cancelled at its 5th token so the third is admitted while the
+ * others decode (run ahead: never over the rows of a step queued ahead); two prompts running
+ * into the end of a 256-token context (the last position's token too); a prompt that extends
+ * a cancelled request's prompt and tokens, resumed from that sequence's state (which, run
+ * ahead, took the cancelled request's last token too) against a fresh state. */
+static void batch_edge_checks(const char *dir, struct tokenizer *tok, int ahead) {
+    static const char *texts[3] = {
+        "<|im_start|>user\nTell me a story about a dog.<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\nTell me a story about a cat.<|im_end|>\n<|im_start|>assistant\n",
+        "Once upon a time",
+    };
+    struct error err;
+    int32_t *ids[3];
+    int n_ids[3];
+    for (int i = 0; i < 3; i++) CHECK(tokenizer_encode(tok, texts[i], strlen(texts[i]), &ids[i], &n_ids[i], &err) == 0);
+    for (int scen = 0; scen < 4; scen++) {
+        const int ctx = scen == 2 ? 256 : 1024;
+        struct model_options mo = {.backend = BACKEND_CPU, .quiet = 1, .ctx = ctx, .n_threads = 1};
+        struct model *m = model_load(dir, &mo, &err);
+        EXPECT(m != NULL, "demo model: %s", m ? "" : err.msg);
+        if (!m) return;
+        struct engine *e = engine_create(m, tok);
+        engine_set_run_ahead(e, ahead);
+        engine_set_cache(e, 0);
+        engine_set_parallel(e, 2);
+        static struct capture alone[3], together[3];
+        const int32_t *prompt[3] = {ids[0], ids[1], ids[2]};
+        int n_prompt[3] = {n_ids[0], n_ids[1], n_ids[2]}, max_tokens[3] = {30, 30, 10}, cancel[3] = {0, 0, 0};
+        int32_t *longp[2] = {NULL, NULL};
+        int N = 3;
+        if (scen == 0 || scen == 3) cancel[0] = 5;
+        if (scen == 1) cancel[1] = 5;
+        if (scen == 2) { /* to the end of the context: no max_tokens */
+            for (int i = 0; i < 2; i++) {
+                longp[i] = xmalloc(240 * sizeof *longp[i]);
+                for (int k = 0; k < 240; k++) longp[i][k] = ids[i][k % n_ids[i]];
+                prompt[i] = longp[i], n_prompt[i] = 240 - i, max_tokens[i] = 0;
+            }
+            N = 2;
+        }
+        if (scen == 3) N = 2;
+        struct engine_request rq[3];
+        struct engine_result res[3];
+        struct error errs[3];
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < N; i++) {
+                struct capture *c = pass ? &together[i] : &alone[i];
+                base_request(&rq[i], prompt[i], n_prompt[i], c);
+                rq[i].max_tokens = max_tokens[i];
+                c->cancel_at = cancel[i];
+            }
+            engine_set_prefix_reuse(e, 0); /* each from a fresh state */
+            if (pass == 0) {
+                for (int i = 0; i < N; i++) CHECK(engine_generate(e, &rq[i], &res[i], &err) == 0);
+            } else {
+                EXPECT(engine_generate_many(e, rq, res, errs, N) == N, "edge %d: all started", scen);
+            }
+            engine_set_prefix_reuse(e, 1);
+        }
+        for (int i = 0; i < N; i++)
+            EXPECT(alone[i].n == together[i].n && memcmp(alone[i].ids, together[i].ids, (size_t)alone[i].n * 4) == 0,
+                   "edge %d, run ahead %s, request %d: %d tokens alone, %d together%s", scen, ahead ? "on" : "off", i,
+                   alone[i].n, together[i].n, alone[i].n == together[i].n ? ", different ids" : "");
+        if (scen == 2)
+            EXPECT(together[0].n == ctx - 240 + 1 && together[1].n == ctx - 239 + 1,
+                   "edge 2: to the context's end, %d and %d tokens", together[0].n, together[1].n);
+        if (scen == 3) { /* request 0's prompt + its 5 tokens + more: resumed against fresh */
+            int32_t *pc = xmalloc((size_t)(n_ids[0] + together[0].n + n_ids[2]) * sizeof *pc);
+            int nc = 0;
+            memcpy(pc, ids[0], (size_t)n_ids[0] * 4), nc += n_ids[0];
+            memcpy(pc + nc, together[0].ids, (size_t)together[0].n * 4), nc += together[0].n;
+            memcpy(pc + nc, ids[2], (size_t)n_ids[2] * 4), nc += n_ids[2];
+            static struct capture resumed, fresh;
+            struct engine_request r1;
+            struct engine_result rr;
+            base_request(&r1, pc, nc, &resumed);
+            r1.max_tokens = 20;
+            CHECK(engine_generate(e, &r1, &rr, &err) == 0);
+            EXPECT(rr.timings.cache_n >= n_ids[0] + 4, "edge 3: resumed %d of %d tokens", rr.timings.cache_n, nc);
+            base_request(&r1, pc, nc, &fresh);
+            r1.max_tokens = 20;
+            engine_set_prefix_reuse(e, 0);
+            CHECK(engine_generate(e, &r1, &rr, &err) == 0);
+            EXPECT(resumed.n == fresh.n && memcmp(resumed.ids, fresh.ids, (size_t)fresh.n * 4) == 0,
+                   "edge 3: resumed after a cancelled request differs from fresh");
+            free(pc);
+        }
+        free(longp[0]), free(longp[1]);
+        engine_free(e);
+        model_free(m);
+    }
+    for (int i = 0; i < 3; i++) free(ids[i]);
+}
+
 int main(void) {
     /* stop scan: exact cases */
     {
@@ -476,6 +571,8 @@ int main(void) {
         if (tok) engine_checks(dir, tok, ahead);
     for (int ahead = 0; ahead < 2; ahead++)
         if (tok) batch_checks(dir, tok, ahead);
+    for (int ahead = 0; ahead < 2; ahead++)
+        if (tok) batch_edge_checks(dir, tok, ahead);
     tokenizer_free(tok);
     return TEST_DONE();
 }

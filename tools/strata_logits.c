@@ -31,6 +31,9 @@ static int32_t *read_ids(const char *path, int *n) {
     return ids;
 }
 
+/* ahead mode: the token forcing sequence 3 after step st */
+static int32_t forced_tok(const int32_t *ids, int n, int st) { return ids[(7 * st + 1) % n]; }
+
 static int argmax_f(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -205,7 +208,9 @@ int main(int argc, char **argv) {
          * fed to the next step on the device, model_rows_post / model_step_rows_from / model_rows_wait)
          * against the host feeding them (model_row_choices / model_step_rows): 4 sequences
          * prefilled with IDS[0..P - b), 16 steps, row 1 leaving after the 8th (the rest fed from
-         * rows 0, 2, 3); every token must be the same. OUT gets both runs' int32 tokens. */
+         * rows 0, 2, 3), sequence 3 fed a token of IDS instead of its choice every third step (a
+         * forced row, from the host); every token must be the same. OUT gets both runs' int32
+         * tokens. */
         enum { B = 4, STEPS = 16 };
         const int P = atoi(argv[6]);
         if (P < B + 1 || P > n) {
@@ -239,7 +244,11 @@ int main(int argc, char **argv) {
                         int from[B], keep = 0;
                         struct model_seq *next[B];
                         for (int i = 0; i < nl; i++)
-                            if (!(st == 7 && rows[i] == 1)) next[keep] = live[i], from[keep++] = i;
+                            if (!(st == 7 && rows[i] == 1)) {
+                                next[keep] = live[i];
+                                from[keep] = rows[i] == 3 && st % 3 == 0 ? -1 : i; /* forced: the host's */
+                                tok[keep++] = forced_tok(ids, n, st);
+                            }
                         if (model_step_rows_from(m, next, tok, from, keep) != 0) return 1;
                     }
                     model_rows_wait(m, post, nl, ch);
@@ -249,18 +258,26 @@ int main(int argc, char **argv) {
                 int keep = 0;
                 for (int i = 0; i < nl; i++)
                     if (!(st == 7 && rows[i] == 1)) live[keep] = live[i], rows[keep] = rows[i], tok[keep++] = ch[i];
+                for (int i = 0; i < keep; i++) /* sequence 3 teacher-forced every third step */
+                    if (rows[i] == 3 && st % 3 == 0) tok[i] = forced_tok(ids, n, st);
                 nl = keep;
                 if (run == 0 && model_step_rows(m, live, tok, nl) != 0) return 1;
             }
         }
-        int same = 0, total = 0;
-        for (int st = 0; st < STEPS; st++)
+        int same = 0, total = 0, differ = 0; /* differ: steps whose rows chose unlike tokens */
+        for (int st = 0; st < STEPS; st++) {
+            int unlike = 0;
             for (int b = 0; b < B; b++) {
                 if (b == 1 && st > 7) continue;
                 total++;
                 same += got[0][st][b] == got[1][st][b];
+                unlike |= got[0][st][b] != got[0][st][0];
             }
-        printf("run ahead (choices fed on the device) vs fed by the host: %d/%d tokens identical\n", same, total);
+            differ += unlike;
+        }
+        printf("run ahead (choices fed on the device, sequence 3 teacher-forced every third step) vs fed "
+               "by the host: %d/%d tokens identical (the rows' tokens unlike at %d of %d steps)\n",
+               same, total, differ, STEPS);
         fwrite(got, sizeof got, 1, out);
         if (same != total) rc = 1;
     } else {

@@ -633,7 +633,7 @@ static int tokens_rows(struct engine *e, struct slot **rs, int n) {
     for (int i = 0; i < n; i++) {
         struct slot *s = rs[i];
         const struct engine_request *r = s->r;
-        const int last = is_last(e, s);
+        const int last = !ahead && is_last(e, s); /* ahead: none was (its position has moved on) */
         int32_t id = ids[s->row];
         if (s->n_gen < r->n_forced) {
             id = r->forced[s->n_gen];
@@ -768,7 +768,10 @@ static int round_body(struct engine *e) {
         }
     }
     const int ahead = n ? tokens_rows(e, rs, n) : 0;
-    admit(e);
+    /* a request admitted now could start a step of its own (its first token pending) over the
+     * rows of the one queued ahead: after running ahead it waits for the next round, which then
+     * does not run ahead (queued) */
+    if (!ahead) admit(e);
     struct slot *pf = NULL;
     struct model_seq *seqs[MODEL_MAX_BATCH];
     int32_t toks[MODEL_MAX_BATCH];
