@@ -1104,8 +1104,9 @@ static void check_sample(void) {
 }
 
 /* rows_post / rows_wait: each post reads its rows as they were when it was queued (a later
- * upload over them does not show), any of the last BACKEND_POSTS posts can be waited for, in any
- * order, and a wait returns while later work is still queued. */
+ * upload over them does not show), and any of the last BACKEND_POSTS posts can be waited for, in
+ * any order. (That a wait does not wait for work queued after the post shows in the timings:
+ * strata_logits ahead, the concurrency bench.) */
 static void check_rows_post(void) {
     struct config c = make_config("demo");
     struct error err = {{0}};
