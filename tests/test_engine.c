@@ -289,17 +289,28 @@ static void engine_checks(const char *dir, struct tokenizer *tok, int ahead) {
  * request cancelled partway, prompts that share a prefix (the cache forks from a sequence
  * another request is using), one longer than a prefill piece, more requests than may run at
  * once (the rest queued); the decoding rows ride the prompts' pieces (mixed steps). */
+/* The demo model on the CPU backend at context ctx, and an engine over it running ahead or not,
+ * its cache allocated, `parallel` requests at once (NULL if the model does not load). */
+static struct engine *batch_engine(const char *dir, struct tokenizer *tok, int ctx, int ahead, int parallel,
+                                   struct model **m) {
+    struct error err;
+    struct model_options mo = {.backend = BACKEND_CPU, .quiet = 1, .ctx = ctx, .n_threads = 1};
+    *m = model_load(dir, &mo, &err);
+    EXPECT(*m != NULL, "demo model: %s", *m ? "" : err.msg);
+    if (!*m) return NULL;
+    struct engine *e = engine_create(*m, tok);
+    engine_set_run_ahead(e, ahead);
+    engine_set_cache(e, 0);
+    engine_set_parallel(e, parallel);
+    return e;
+}
+
 #define N_BATCH 9
 static void batch_checks(const char *dir, struct tokenizer *tok, int ahead) {
     struct error err;
-    struct model_options mo = {.backend = BACKEND_CPU, .quiet = 1, .ctx = 1024, .n_threads = 1};
-    struct model *m = model_load(dir, &mo, &err);
-    EXPECT(m != NULL, "demo model: %s", m ? "" : err.msg);
-    if (!m) return;
-    struct engine *e = engine_create(m, tok);
-    engine_set_run_ahead(e, ahead);
-    engine_set_cache(e, 0);
-    engine_set_parallel(e, 6);
+    struct model *m;
+    struct engine *e = batch_engine(dir, tok, 1024, ahead, 6, &m);
+    if (!e) return;
     EXPECT(engine_parallel(e) == 6, "parallel 6: %d", engine_parallel(e));
     static const char *texts[N_BATCH] = {
         "<|im_start|>user\nTell me a story about a dog.<|im_end|>\n<|im_start|>assistant\n",
@@ -468,14 +479,9 @@ static void batch_edge_checks(const char *dir, struct tokenizer *tok, int ahead)
     for (int i = 0; i < 3; i++) CHECK(tokenizer_encode(tok, texts[i], strlen(texts[i]), &ids[i], &n_ids[i], &err) == 0);
     for (int scen = 0; scen < 4; scen++) {
         const int ctx = scen == 2 ? 256 : 1024;
-        struct model_options mo = {.backend = BACKEND_CPU, .quiet = 1, .ctx = ctx, .n_threads = 1};
-        struct model *m = model_load(dir, &mo, &err);
-        EXPECT(m != NULL, "demo model: %s", m ? "" : err.msg);
-        if (!m) return;
-        struct engine *e = engine_create(m, tok);
-        engine_set_run_ahead(e, ahead);
-        engine_set_cache(e, 0);
-        engine_set_parallel(e, 2);
+        struct model *m;
+        struct engine *e = batch_engine(dir, tok, ctx, ahead, 2, &m);
+        if (!e) return;
         static struct capture alone[3], together[3];
         const int32_t *prompt[3] = {ids[0], ids[1], ids[2]};
         int n_prompt[3] = {n_ids[0], n_ids[1], n_ids[2]}, max_tokens[3] = {30, 30, 10}, cancel[3] = {0, 0, 0};
