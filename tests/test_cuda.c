@@ -424,10 +424,11 @@ static void check_attention(struct pair *p, const struct config *c, const char *
  * each from a random state at position pos0 (the conv ring's columns then rotate). The residual
  * is reset before every call: summed over calls, a one-ulp difference of a large partial sum
  * becomes many ulps of a smaller total (seen: 8 ulps at 0.39 after two 45-token calls). */
-static void check_gdn(struct pair *p, const struct config *c, const char *tag, int T, int calls,
-                      int graph, int pos0, int with_in) {
+static void check_gdn_as(struct pair *p, const struct config *c, const char *tag, int T, int calls,
+                         int graph, int pos0, int with_in, int mixer_only) {
     int Hv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
-    int K = c->linear_conv_kernel_dim, H = c->hidden_size;
+    /* mixer_only: W_out NULL, the op stops before out_proj and "h" is its output (T, value_dim) */
+    int K = c->linear_conv_kernel_dim, H = mixer_only ? c->value_dim : c->hidden_size;
     size_t row = (size_t)c->conv_dim + c->value_dim + 2 * Hv;
     size_t nproj = (size_t)T * row, nh = (size_t)T * H, nwo = (size_t)H * c->value_dim;
     size_t nconv = (size_t)c->conv_dim * K, nst = (size_t)Hv * dk * dv;
@@ -451,7 +452,8 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
         const int b = with_in ? 1 - bi : bi, own_in = with_in && b == 1;
         struct backend *be = bes[b];
         void *dproj = be->ops->alloc(be, nproj * 2), *dcw = up(be, cw, nconv * 2);
-        void *dcs = up(be, cs, nconv * 2), *dwo = up(be, wo, nwo * 2), *dh = up(be, h0, nh * 2);
+        void *dcs = up(be, cs, nconv * 2), *dwo = mixer_only ? NULL : up(be, wo, nwo * 2);
+        void *dh = up(be, h0, nh * 2);
         void *dA = up(be, A_log, Hv * 4), *ddt = up(be, dt_bias, Hv * 4), *dnw = up(be, nw, dv * 4);
         void *dst = up(be, st, nst * 4), *dpos = be->ops->alloc(be, sizeof(int32_t));
         void *dwin = own_in ? up(be, win, row * H * 2) : NULL, *dinw = own_in ? up(be, inw, H * 2) : NULL;
@@ -496,8 +498,8 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
     }
     for (int s = 0; s < calls; s++) {
-        snprintf(what, sizeof what, "%s gdn%s T=%d pos %d call %d%s", tag, with_in ? " +in_proj" : "",
-                 T, pos0, s, graph ? " (graph)" : "");
+        snprintf(what, sizeof what, "%s gdn%s%s T=%d pos %d call %d%s", tag, with_in ? " +in_proj" : "",
+                 mixer_only ? " (no out_proj)" : "", T, pos0, s, graph ? " (graph)" : "");
         /* the residual plus the projection: where they nearly cancel, an ulp or two of either
          * (the state after a call differs by fp32 rounding) is many of the sum (seen: 0.0303 for
          * 0.0288 in the demo's second 45-token call), so the absolute term is 2^-7 of the RMS */
@@ -511,6 +513,11 @@ static void check_gdn(struct pair *p, const struct config *c, const char *tag, i
     free(proj), free(cw), free(cs), free(wo), free(h0), free(A_log), free(dt_bias), free(nw);
     free(win), free(inw);
     free(st), free(cres[0]), free(cres[1]), free(sres[0]), free(sres[1]);
+}
+
+static void check_gdn(struct pair *p, const struct config *c, const char *tag, int T, int calls,
+                      int graph, int pos0, int with_in) {
+    check_gdn_as(p, c, tag, T, calls, graph, pos0, with_in, 0);
 }
 
 /* A batched step's mixers (attention_rows, gdn_rows): B sequences at different positions, each
@@ -907,6 +914,8 @@ static void check_size(const char *size) {
     check_gdn(&p, &c, size, 1, 3, 0, 4, 1); /* the step started by the in_proj's count */
     check_gdn(&p, &c, size, 1, 3, 1, 6, 1);
     check_gdn(&p, &c, size, 3, 2, 0, 1, 1);
+    check_gdn_as(&p, &c, size, 1, 2, 0, 5, 0, 1); /* a mixed step's prompt: no out_proj */
+    check_gdn_as(&p, &c, size, 45, 2, 0, 3, 0, 1);
     check_rows(&p, &c, size, max_ctx, 3);
     check_rows(&p, &c, size, max_ctx, 8);
     check_gdn_snaps(&c, size, 200, 0); /* on backends of max_T 256 */

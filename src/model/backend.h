@@ -213,7 +213,9 @@ struct backend_ops {
      * given (the layer's input projections: a backend may then overlap them with the step), else
      * as the caller wrote it; causal conv1d over the qkv channels,
      * SiLU, L2-normalised q/k, beta/g gates, fp32 delta rule on state (Hv, dk, dv), gated
-     * RMSNorm with SiLU(z), then h = bf16(h + bf16(mix W_out^T)), W_out (H, value_dim).
+     * RMSNorm with SiLU(z), then h = bf16(h + bf16(mix W_out^T)), W_out (H, value_dim); with
+     * W_out NULL it stops before out_proj: h is then the mixer's output (T, value_dim), which
+     * the caller projects (a mixed step: one out_proj GEMM over the rows and the prompt).
      * conv_state (conv_dim, K) bf16 is a ring of the raw inputs: column q % K holds the input of
      * position q (the last K positions before *pos; zero before position 0), so a step writes
      * one column and reads the others.                                     h (T, H)

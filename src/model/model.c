@@ -105,7 +105,7 @@ struct model {
     int posted;       /* ... and is the backend's post number n_posts: a step's choice, whose
                          argmax also advanced pos_dev[0] to pos */
     /* a batched step (model_step_rows): */
-    uint16_t *row_logits; /* (MODEL_MAX_BATCH, V) row b's logits */
+    uint16_t *row_logits; /* (MODEL_MAX_BATCH + 1, V) row b's logits (+ a riding prompt's) */
     void *rows_dev;       /* struct rows_host's layout: the rows' positions, ids, blocks */
     int32_t *row_choice;  /* (MODEL_MAX_BATCH,) the rows' choices */
     int n_rows;           /* rows of the last batched step */
@@ -465,7 +465,7 @@ struct model *model_load(const char *dir, const struct model_options *opt, struc
     /* the position, then the ids: a call uploads both in one copy */
     m->pos_dev = be->ops->alloc(be, (size_t)(T + 1) * sizeof(int32_t));
     m->ids = m->pos_dev + 1;
-    m->row_logits = be->ops->alloc(be, (size_t)MODEL_MAX_BATCH * V * 2);
+    m->row_logits = be->ops->alloc(be, (size_t)(MODEL_MAX_BATCH + 1) * V * 2); /* + a prompt's */
     m->rows_dev = be->ops->alloc(be, sizeof(struct rows_host));
     m->row_choice = be->ops->alloc(be, MODEL_MAX_BATCH * sizeof(int32_t));
     free(ld.seen);
@@ -724,10 +724,11 @@ static void forward(struct model *m, int T, const struct snaps *sn, int R) {
                 op->matmul(be, m->proj, m->h, L->input_layernorm, L->w_mix, R + T, N_gdn, H, 0);
                 op->gdn_rows(be, m->mix, m->proj, L->conv_w, L->A_log, L->dt_bias, L->norm_w, &rows,
                              state_off, conv_off, R);
-                op->matmul(be, m->h, m->mix, NULL, L->w_out, R, H, c->value_dim, 1);
-                op->gdn(be, m->h + (size_t)R * H, m->proj + (size_t)R * N_gdn, NULL, NULL, S->conv_state,
-                        L->conv_w, L->A_log, L->dt_bias, L->norm_w, S->state, L->w_out, m->pos_dev, T,
-                        bs.n ? &bs : NULL);
+                /* the prompt's mixer stops before out_proj: one out_proj over all R + T rows */
+                op->gdn(be, m->mix + (size_t)R * c->value_dim, m->proj + (size_t)R * N_gdn, NULL, NULL,
+                        S->conv_state, L->conv_w, L->A_log, L->dt_bias, L->norm_w, S->state, NULL,
+                        m->pos_dev, T, bs.n ? &bs : NULL);
+                op->matmul(be, m->h, m->mix, NULL, L->w_out, R + T, H, c->value_dim, 1);
             } else {
                 op->gdn(be, m->h, m->proj, L->input_layernorm, L->w_mix, S->conv_state, L->conv_w,
                         L->A_log, L->dt_bias, L->norm_w, S->state, L->w_out, m->pos_dev, T,
@@ -796,8 +797,19 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
         memcpy(pos_ids + 1, ids + done, (size_t)T * sizeof *pos_ids);
         be->ops->upload(be, m->pos_dev, pos_ids, (size_t)(T + 1) * sizeof *pos_ids);
         forward(m, T, &sn, R);
+        /* a prompt that ends in this call with riders: its last row rides in their lm_head pass
+         * (moved to row R of h, its logits copied from row R of the rows' logits) */
+        const int last_rides = R && want_logits && done + T == n;
         if (R) { /* as model_step_rows: the rows' logits, their positions */
-            logits_of_rows(m, R);
+            if (last_rides) {
+                const size_t hrow = (size_t)c->hidden_size * 2, lrow = (size_t)c->vocab_size * 2;
+                if (T > 1) be->ops->copy(be, m->h + (size_t)R * c->hidden_size, hrow,
+                                         m->h + (size_t)(R + T - 1) * c->hidden_size, hrow, hrow, 1);
+                logits_of_rows(m, R + 1);
+                be->ops->copy(be, m->logits, lrow, m->row_logits + (size_t)R * c->vocab_size, lrow, lrow, 1);
+            } else {
+                logits_of_rows(m, R);
+            }
             rows_advance(m, m->ride, R);
             m->rode = R;
             m->n_ride = 0;
@@ -814,7 +826,7 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
         }
         s->pos += T;
         done += T;
-        if (done == n && want_logits) logits_rows(m, R + T - 1, 1);
+        if (done == n && want_logits && !last_rides) logits_rows(m, R + T - 1, 1);
     }
     free(tmp);
     free(pos_ids);

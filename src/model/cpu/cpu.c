@@ -434,6 +434,10 @@ static void cpu_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint1
     const size_t row = (size_t)c->conv_dim + value_dim + 2 * c->linear_num_value_heads;
     if (W_in) /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(h) */
         cpu_matmul(be, proj, h, in_norm, W_in, T, (int)row, c->hidden_size, 0);
+    if (!W_out) { /* the mixer's output is the caller's */
+        gdn_mix(be, h, proj, conv_state, conv_w, A_log, dt_bias, norm_w, state, *pos_p, T, snap);
+        return;
+    }
     uint16_t *out = xmalloc((size_t)T * value_dim * sizeof(uint16_t)); /* the mixer's output */
     gdn_mix(be, out, proj, conv_state, conv_w, A_log, dt_bias, norm_w, state, *pos_p, T, snap);
     run_matmul(be, h, out, NULL, W_out, T, c->hidden_size, value_dim, 1, 0); /* HF: h + out_proj */

@@ -658,7 +658,9 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
         if (!(cu->skip & 1))
             PROF("gdn step", cuda_gdn_step(cu, c, cu->gdn_o, cu->gdn_sz, proj, conv_state, conv_w,
                                            A_log, dt_bias, state, pos, cnt, target));
-        if (cuda_gemv_gated_ok(value_dim, c->linear_value_head_dim)) {
+        if (!W_out) { /* the mixer's output is the caller's (h: (1, value_dim)) */
+            PROF("gdn norm", cuda_gdn_norm(cu, c, h, proj, norm_w, 1, NULL, NULL));
+        } else if (cuda_gemv_gated_ok(value_dim, c->linear_value_head_dim)) {
             PROF("gemv out_proj (gated norm, +residual)",
                  cuda_gemv_gated(cu, h, cu->gdn_o, cu->gdn_sz, norm_w, c->linear_value_head_dim,
                                  W_out, H, value_dim, c->rms_norm_eps));
@@ -676,10 +678,10 @@ static void op_gdn(struct backend *be, uint16_t *h, uint16_t *proj, const uint16
         }
         return;
     }
-    CHECK((size_t)T * value_dim <= cu->xn_elems);
-    PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, cu->xn, proj, conv_state, conv_w, A_log, dt_bias,
-                                           norm_w, state, pos, T, snap));
-    op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is (no norm) */
+    CHECK(!W_out || (size_t)T * value_dim <= cu->xn_elems);
+    PROF("gdn (prefill)", cuda_gdn_prefill(cu, c, W_out ? cu->xn : h, proj, conv_state, conv_w, A_log,
+                                           dt_bias, norm_w, state, pos, T, snap));
+    if (W_out) op_matmul(be, h, cu->xn, NULL, W_out, T, H, value_dim, 1); /* reads xn as it is */
 }
 
 /* A batched step's rows: every row's mixer in one launch, the states found through the row
