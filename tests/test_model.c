@@ -82,17 +82,18 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* 5 (see the top). Rows a and b decode after prompts of their own; p is the riding prompt. */
-static void check_ride(struct model *m, const char *name) {
-    const int V = model_config(m)->vocab_size, np = 100; /* > max_T 48: calls of 46, 48, 6 */
+/* 5 (see the top). Rows a and b decode after prompts of their own; p is the riding prompt of np
+ * tokens (100 > max_T 48: calls of 46, 48, 6; 12: the prompt ends in the call the rows ride). */
+static void check_ride(struct model *m, const char *name, int np) {
+    const int V = model_config(m)->vocab_size;
     struct model_seq *sq[3] = {model_seq_create(m), model_seq_create(m), model_seq_create(m)};
     if (!sq[0] || !sq[1] || !sq[2]) {
         EXPECT(0, "%s: no room for three more sequences", name);
         return;
     }
-    int32_t pa[20], pb[31], pp[np];
+    int32_t pa[20], pb[31], pp[100];
     uint32_t h = 12345;
-    for (int i = 0; i < np; i++) {
+    for (int i = 0; i < 100; i++) {
         h = h * 1103515245u + 12345u;
         pp[i] = (int32_t)((h >> 8) % (uint32_t)V);
         if (i < 20) pa[i] = (pp[i] * 7 + 3) % V;
@@ -280,13 +281,21 @@ static void test_fixture(const char *name) {
                "%s case %d: prefill(%d) + steps differs from steps only", name, ci, split);
         EXPECT(memcmp(stepped, logits + (size_t)(T - 1) * V, (size_t)V * sizeof(float)) == 0,
                "%s case %d: prefill of all %d tokens differs from steps only", name, ci, T);
+        /* the prefill that keeps only its last row (the last layer's o_proj and MLP over one
+         * row) against the one that keeps every row's logits */
+        model_reset(m);
+        model_prefill(m, ids, T, NULL, &err);
+        model_logits(m, mixed);
+        EXPECT(memcmp(mixed, logits + (size_t)(T - 1) * V, (size_t)V * sizeof(float)) == 0,
+               "%s case %d: prefill keeping the last row differs from keeping all %d", name, ci, T);
         free(stepped);
         free(mixed);
         free(logits);
     }
     printf("  states after the prompt: worst relative L2 error conv %.2e, recurrent %.2e\n",
            worst_conv, worst_rec);
-    check_ride(m, name);
+    check_ride(m, name, 100);
+    check_ride(m, name, 12);
     EXPECT(n_cases >= 4, "%s: expected at least 4 cases, found %d", name, n_cases);
     if (ours.n) {
         double a_ours = 100.0 * ours.agree / ours.rows, a_floor = 100.0 * floor.agree / floor.rows;

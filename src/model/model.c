@@ -667,13 +667,23 @@ struct snaps {
     struct model_ckpt *ck[BACKEND_MAX_SNAPS];
 };
 
+/* Row `from` of a bf16 activation of `width` columns to row `to`. */
+static void move_row(struct backend *be, uint16_t *buf, int width, int to, int from) {
+    const size_t bytes = (size_t)width * 2;
+    be->ops->copy(be, buf + (size_t)to * width, bytes, buf + (size_t)from * width, bytes, bytes, 1);
+}
+
 /* Runs T tokens (already in m->ids, position in m->pos_dev) through every layer, leaving the
  * final residual stream in m->h; fills sn's checkpoints' DeltaNet states on the way (sn may be
  * NULL). With R > 0 (a mixed step), R decode rows of other sequences (m->rows_dev, as
  * forward_rows) come first: rows 0..R-1 of every activation are theirs and the prompt's follow,
  * the projections and the MLP run over all R + T rows, each part's mixers on its own state.
- * HF: Qwen3_5TextModel.forward up to the final norm. */
-static void forward(struct model *m, int T, const struct snaps *sn, int R) {
+ * With `tail`, only rows 0..R-1 and the prompt's last row are wanted at the end: after the last
+ * layer's mixer (which writes every token's KV cache or state) its o_proj and MLP run over those
+ * rows alone (llama.cpp's output-row selection; the other T - 1 rows of h are left stale): the
+ * last row in place (row T - 1) when R = 0, else moved to row R to follow the riders'.
+ * HF: Qwen3_5TextModel.forward up to the final norm; logits_to_keep. */
+static void forward(struct model *m, int T, const struct snaps *sn, int R, int tail) {
     const struct config *c = &m->config;
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
@@ -689,6 +699,9 @@ static void forward(struct model *m, int T, const struct snaps *sn, int R) {
     for (int l = 0; l < c->num_hidden_layers; l++) {
         struct layer *L = &m->layers[l];
         struct seq_layer *S = &m->cur->l[l];
+        /* the last layer's tail: the o_proj (attention) and the MLP over n_out rows from row o */
+        const int cut = tail && T > 1 && l == c->num_hidden_layers - 1;
+        const int n_out = cut ? R + 1 : R + T, o = cut && !R ? T - 1 : 0;
         if (L->type == LAYER_FULL_ATTENTION) {
             /* HF: hidden = input_layernorm(residual); q_proj/k_proj/v_proj(hidden); q/k norm,
              * rope, cache update, attention, * sigmoid(gate) */
@@ -703,8 +716,13 @@ static void forward(struct model *m, int T, const struct snaps *sn, int R) {
                 op->attention(be, m->mix, m->proj, m->h, L->input_layernorm, L->w_mix, L->q_norm,
                               L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T);
             }
+            if (cut && R) {
+                move_row(be, m->h, H, R, R + T - 1);
+                move_row(be, m->mix, nH * hd, R, R + T - 1);
+            }
             /* HF: residual + o_proj(attn_output) */
-            op->matmul(be, m->h, m->mix, NULL, L->w_out, R + T, H, nH * hd, 1);
+            op->matmul(be, m->h + (size_t)o * H, m->mix + (size_t)o * nH * hd, NULL, L->w_out, n_out, H,
+                       nH * hd, 1);
         } else {
             /* HF: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a of input_layernorm(residual),
              * conv1d + silu, gated delta rule, core_attn_out = norm(core_attn_out, z),
@@ -734,10 +752,12 @@ static void forward(struct model *m, int T, const struct snaps *sn, int R) {
                         L->A_log, L->dt_bias, L->norm_w, S->state, L->w_out, m->pos_dev, T,
                         bs.n ? &bs : NULL);
             }
+            if (cut && R) move_row(be, m->h, H, R, R + T - 1);
         }
         /* HF: residual + mlp(post_attention_layernorm(residual)) */
-        op->matmul_swiglu(be, m->mlp, m->h, L->post_attention_layernorm, L->w_gate_up, R + T, I, H);
-        op->matmul(be, m->h, m->mlp, NULL, L->w_down, R + T, H, I, 1);
+        op->matmul_swiglu(be, m->mlp, m->h + (size_t)o * H, L->post_attention_layernorm, L->w_gate_up, n_out,
+                          I, H);
+        op->matmul(be, m->h + (size_t)o * H, m->mlp, NULL, L->w_down, n_out, H, I, 1);
     }
 }
 
@@ -796,15 +816,16 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
         pos_ids[0] = s->pos; /* pos_dev[0], then ids: one copy */
         memcpy(pos_ids + 1, ids + done, (size_t)T * sizeof *pos_ids);
         be->ops->upload(be, m->pos_dev, pos_ids, (size_t)(T + 1) * sizeof *pos_ids);
-        forward(m, T, &sn, R);
+        /* without all_logits only the riders' rows and the prompt's last row (row T - 1, or
+         * row R after riders) leave the last layer */
+        const int last_row = !all_logits && R && T > 1 ? R : R + T - 1;
+        forward(m, T, &sn, R, !all_logits);
         /* a prompt that ends in this call with riders: its last row rides in their lm_head pass
-         * (moved to row R of h, its logits copied from row R of the rows' logits) */
+         * (at row R of h), its logits copied from row R of the rows' logits */
         const int last_rides = R && want_logits && done + T == n;
         if (R) { /* as model_step_rows: the rows' logits, their positions */
             if (last_rides) {
-                const size_t hrow = (size_t)c->hidden_size * 2, lrow = (size_t)c->vocab_size * 2;
-                if (T > 1) be->ops->copy(be, m->h + (size_t)R * c->hidden_size, hrow,
-                                         m->h + (size_t)(R + T - 1) * c->hidden_size, hrow, hrow, 1);
+                const size_t lrow = (size_t)c->vocab_size * 2;
                 logits_of_rows(m, R + 1);
                 be->ops->copy(be, m->logits, lrow, m->row_logits + (size_t)R * c->vocab_size, lrow, lrow, 1);
             } else {
@@ -826,7 +847,7 @@ static int prefill(struct model *m, const int32_t *ids, int n, float *all_logits
         }
         s->pos += T;
         done += T;
-        if (done == n && want_logits && !last_rides) logits_rows(m, R + T - 1, 1);
+        if (done == n && want_logits && !last_rides) logits_rows(m, last_row, 1);
     }
     free(tmp);
     free(pos_ids);
@@ -859,7 +880,7 @@ static void step(struct model *m, int sample) {
     const int key = (variant ? GRAPH_STEP_LONG : GRAPH_STEP) + 2 * m->cur->index + (sample ? GRAPH_SAMPLE : 0);
     if (!be->ops->graph_replay(be, key)) {
         be->ops->graph_begin(be, key);
-        forward(m, 1, NULL, 0);
+        forward(m, 1, NULL, 0, 0);
         logits_rows(m, 0, 1);
         if (sample)
             be->ops->sample(be, m->ids, m->logits, c->vocab_size, &m->cur->samp, m->pos_dev, 0);
