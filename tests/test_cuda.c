@@ -309,7 +309,7 @@ static void check_chain(struct pair *p, const struct config *c, const char *tag,
  * passes the running max by far: the decode walk's lazy rescale (attention.cu, DEC_TH) and the
  * merge of partials with very different maxima are exercised, not only the first group's. */
 static void check_attention_k(struct pair *p, const struct config *c, const char *tag, int max_ctx,
-                              int pos0, int T, int graph_steps, float spread, int with_in) {
+                              int pos0, int T, int graph_steps, float spread, int with_in, int q_from) {
     int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim, H = c->hidden_size;
     size_t row = (size_t)2 * nH * hd + 2 * nKV * hd;
     int steps = graph_steps > 0 ? graph_steps : 1;
@@ -356,11 +356,11 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
             if (graph_steps > 0) {
                 if (!be->ops->graph_replay(be, gkey)) {
                     be->ops->graph_begin(be, gkey);
-                    be->ops->attention(be, dout, dstep, dh, dinw, dwin, dqn, dkn, dk, dv, dpos, T);
+                    be->ops->attention(be, dout, dstep, dh, dinw, dwin, dqn, dkn, dk, dv, dpos, T, q_from);
                     be->ops->graph_end(be, gkey);
                 }
             } else {
-                be->ops->attention(be, dout, dstep, dh, dinw, dwin, dqn, dkn, dk, dv, dpos, T);
+                be->ops->attention(be, dout, dstep, dh, dinw, dwin, dqn, dkn, dk, dv, dpos, T, q_from);
             }
             res[b][s] = down(be, dout, nout * 2);
             if (own_in) gqkv[s] = down(be, dstep, (size_t)T * row * 2);
@@ -388,8 +388,10 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->ops->free(be, bufs[i]);
     }
     for (int s = 0; s < steps; s++) {
-        snprintf(what, sizeof what, "%s attention%s T=%d pos=%d%s%s", tag, with_in ? " +qkv" : "", T,
-                 pos0 + s, graph_steps ? " (graph)" : "", spread > 0.0f ? " (spread keys)" : "");
+        char from[32] = "";
+        if (q_from) snprintf(from, sizeof from, " (queries from %d)", q_from);
+        snprintf(what, sizeof what, "%s attention%s T=%d pos=%d%s%s%s", tag, with_in ? " +qkv" : "", T,
+                 pos0 + s, graph_steps ? " (graph)" : "", spread > 0.0f ? " (spread keys)" : "", from);
         /* a k or q value one bf16 ulp apart after its norm and RoPE (summation order) moves a
          * score by ~2^-8 of itself and every softmax weight with it: an output that is a small
          * difference of values gets an absolute error of ~2^-8 of their scale, so the absolute
@@ -399,7 +401,9 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
          * ~2^-8 * 2 * 7.6 / 16 and shift weight between the tied keys (seen: 0.0020 for 0.0001,
          * 9B T = 300 at 700, alike with bf16 and split P): 2^-6 of the RMS there */
         const double abs_frac = spread > 0.0f && T > 1 ? 1.0 / 64 : 1.0 / 128;
-        EXPECT(close_bf16_tol3(what, res[1][s], res[0][s], nout, 1.0 / 64, abs_frac, 5e-3), "%s", what);
+        const size_t o0 = (size_t)q_from * nH * hd; /* rows before q_from: unspecified */
+        EXPECT(close_bf16_tol3(what, res[1][s] + o0, res[0][s] + o0, nout - o0, 1.0 / 64, abs_frac, 5e-3), "%s",
+               what);
         free(res[0][s]), free(res[1][s]);
     }
     snprintf(what, sizeof what, "%s k cache after pos=%d T=%d", tag, pos0, T);
@@ -417,7 +421,7 @@ static void check_attention_k(struct pair *p, const struct config *c, const char
 
 static void check_attention(struct pair *p, const struct config *c, const char *tag, int max_ctx,
                             int pos0, int T, int graph_steps) {
-    check_attention_k(p, c, tag, max_ctx, pos0, T, graph_steps, 0.0f, 0);
+    check_attention_k(p, c, tag, max_ctx, pos0, T, graph_steps, 0.0f, 0, 0);
 }
 
 /* GDN (the mixer, out_proj and its residual add) over `calls` consecutive calls of T tokens
@@ -879,13 +883,17 @@ static void check_size(const char *size) {
     check_attention(&p, &c, size, max_ctx, 0, 37, 0);   /* prompt */
     check_attention(&p, &c, size, max_ctx, 100, 64, 0); /* continuation chunk */
     check_attention(&p, &c, size, max_ctx, 508, 1, 8);  /* one graph across the short kernel's end */
-    check_attention_k(&p, &c, size, max_ctx, 4000, 1, 0, 7.0f, 0); /* lazy rescales, split walk */
-    check_attention_k(&p, &c, size, max_ctx, 300, 1, 2, 7.0f, 0);  /* the same keys, short kernel */
+    check_attention_k(&p, &c, size, max_ctx, 4000, 1, 0, 7.0f, 0, 0); /* lazy rescales, split walk */
+    check_attention_k(&p, &c, size, max_ctx, 300, 1, 2, 7.0f, 0, 0);  /* the same keys, short kernel */
     /* the short kernel started by the qkv GEMV's count */
-    check_attention_k(&p, &c, size, max_ctx, 2, 1, 0, 0.0f, 1);
-    check_attention_k(&p, &c, size, max_ctx, 40, 1, 5, 0.0f, 1);
-    check_attention_k(&p, &c, size, max_ctx, 508, 1, 8, 0.0f, 1); /* and past its end */
-    check_attention_k(&p, &c, size, max_ctx, 0, 7, 0, 0.0f, 1);
+    check_attention_k(&p, &c, size, max_ctx, 2, 1, 0, 0.0f, 1, 0);
+    check_attention_k(&p, &c, size, max_ctx, 40, 1, 5, 0.0f, 1, 0);
+    check_attention_k(&p, &c, size, max_ctx, 508, 1, 8, 0.0f, 1, 0); /* and past its end */
+    check_attention_k(&p, &c, size, max_ctx, 0, 7, 0, 0.0f, 1, 0);
+    /* the queries from a row on (a prefill's last layer: the last token's alone) */
+    check_attention_k(&p, &c, size, max_ctx, 0, 37, 0, 0.0f, 0, 36);
+    check_attention_k(&p, &c, size, max_ctx, 100, 64, 0, 0.0f, 0, 20);
+    check_attention_k(&p, &c, size, max_ctx, 0, 7, 0, 0.0f, 1, 6);
     /* the split kernel at short contexts too; the block-per-head kernel over 1,024 keys */
     for (int v = 0; v < 2; v++) {
         struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
@@ -977,8 +985,10 @@ static void check_prefill(const char *size, int wide) {
     if (!wide) {
         check_attention(&p, &c, tag, max_ctx, 0, 1000, 0);
         check_attention(&p, &c, tag, max_ctx, 3000, 1000, 0);
-        check_attention_k(&p, &c, tag, max_ctx, 700, 300, 0, 7.0f, 0); /* scores spread widely */
+        check_attention_k(&p, &c, tag, max_ctx, 700, 300, 0, 7.0f, 0, 0); /* scores spread widely */
+        check_attention_k(&p, &c, tag, max_ctx, 3000, 1000, 0, 0.0f, 0, 999); /* the last query: split keys */
     }
+    check_attention_k(&p, &c, tag, max_ctx, 100, 200, 0, 0.0f, 0, 131);
     { /* the portable (mma.sync) flash kernel, which builds for sm_90a on compute capability 9.0
        * do not run otherwise */
         struct pair q = {p.cpu, backend_cuda_create(&c, max_ctx, max_T, &err)};
@@ -991,6 +1001,7 @@ static void check_prefill(const char *size, int wide) {
         check_attention(&q, &c, t, max_ctx, 0, 65, 0);
         check_attention(&q, &c, t, max_ctx, 3000, 129, 0);
         if (!wide) check_attention(&q, &c, t, max_ctx, 0, 1000, 0);
+        check_attention_k(&q, &c, t, max_ctx, 3000, 129, 0, 0.0f, 0, 128);
         q.gpu->ops->destroy(q.gpu);
     }
     for (int T = 2; T <= 7; T++) check_gdn(&p, &c, tag, T, 1, 0, T == 7 ? 300 : 0, 0);
@@ -1018,7 +1029,7 @@ static void check_long(const char *size) {
     printf("%s, context %d:\n", size, max_ctx);
     check_attention(&p, &c, size, max_ctx, max_ctx - 1, 1, 0);
     check_attention(&p, &c, size, max_ctx, max_ctx - 5, 1, 5); /* graph replayed to the last slot */
-    check_attention_k(&p, &c, size, max_ctx, max_ctx - 1, 1, 0, 7.0f, 0); /* scores spread widely */
+    check_attention_k(&p, &c, size, max_ctx, max_ctx - 1, 1, 0, 7.0f, 0, 0); /* scores spread widely */
     p.gpu->ops->destroy(p.gpu);
     p.cpu->ops->destroy(p.cpu);
 }

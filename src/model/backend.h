@@ -201,11 +201,13 @@ struct backend_ops {
      * the attention), else as the caller wrote it;
      * q/k zero-centred RMSNorm per head, partial NeoX RoPE at positions *pos + t, k/v appended
      * to the caches (nKV, max_ctx, hd) at *pos, causal GQA softmax attention over positions
-     * 0 .. *pos + t, times bf16(sigmoid(gate)).                          out (T, nH*hd) */
+     * 0 .. *pos + t, times bf16(sigmoid(gate)), for the tokens t >= q_from (0 <= q_from < T;
+     * every token's k, v still reach the caches; out's rows before q_from are unspecified: a
+     * backend may compute them too).                                     out (T, nH*hd) */
     void (*attention)(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *h,
                       const uint16_t *in_norm, const uint16_t *W_in, const uint16_t *q_norm,
                       const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
-                      const int32_t *pos, int T);
+                      const int32_t *pos, int T, int q_from);
 
     /* Gated DeltaNet mixer, out_proj and its residual add included (qwen35-model.md 3.5, 4):
      * proj (T, conv_dim + value_dim + 2*Hv) = [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a],

@@ -678,10 +678,11 @@ static void move_row(struct backend *be, uint16_t *buf, int width, int to, int f
  * NULL). With R > 0 (a mixed step), R decode rows of other sequences (m->rows_dev, as
  * forward_rows) come first: rows 0..R-1 of every activation are theirs and the prompt's follow,
  * the projections and the MLP run over all R + T rows, each part's mixers on its own state.
- * With `tail`, only rows 0..R-1 and the prompt's last row are wanted at the end: after the last
- * layer's mixer (which writes every token's KV cache or state) its o_proj and MLP run over those
- * rows alone (llama.cpp's output-row selection; the other T - 1 rows of h are left stale): the
- * last row in place (row T - 1) when R = 0, else moved to row R to follow the riders'.
+ * With `tail`, only rows 0..R-1 and the prompt's last row are wanted at the end: the last layer's
+ * mixer writes every token's KV cache or state, but an attention layer attends from the last
+ * token alone, and its o_proj and MLP run over those rows alone (llama.cpp's output-row
+ * selection; the other T - 1 rows of h are left stale): the last row in place (row T - 1) when
+ * R = 0, else moved to row R to follow the riders'.
  * HF: Qwen3_5TextModel.forward up to the final norm; logits_to_keep. */
 static void forward(struct model *m, int T, const struct snaps *sn, int R, int tail) {
     const struct config *c = &m->config;
@@ -702,6 +703,7 @@ static void forward(struct model *m, int T, const struct snaps *sn, int R, int t
         /* the last layer's tail: the o_proj (attention) and the MLP over n_out rows from row o */
         const int cut = tail && T > 1 && l == c->num_hidden_layers - 1;
         const int n_out = cut ? R + 1 : R + T, o = cut && !R ? T - 1 : 0;
+        const int q_from = cut ? T - 1 : 0; /* the attention's first query */
         if (L->type == LAYER_FULL_ATTENTION) {
             /* HF: hidden = input_layernorm(residual); q_proj/k_proj/v_proj(hidden); q/k norm,
              * rope, cache update, attention, * sigmoid(gate) */
@@ -711,10 +713,11 @@ static void forward(struct model *m, int T, const struct snaps *sn, int R, int t
                 op->attention_rows(be, m->mix, m->proj, L->q_norm, L->k_norm, &rows, k_off,
                                    k_off + kv_bytes, R);
                 op->attention(be, m->mix + (size_t)R * nH * hd, m->proj + (size_t)R * N_attn, NULL,
-                              NULL, NULL, L->q_norm, L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T);
+                              NULL, NULL, L->q_norm, L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T,
+                              q_from);
             } else {
                 op->attention(be, m->mix, m->proj, m->h, L->input_layernorm, L->w_mix, L->q_norm,
-                              L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T);
+                              L->k_norm, S->k_cache, S->v_cache, m->pos_dev, T, q_from);
             }
             if (cut && R) {
                 move_row(be, m->h, H, R, R + T - 1);

@@ -222,7 +222,7 @@ struct attn_job {
     const uint16_t *qkv;
     const float *q; /* (T, nH, hd) normalised, rotated */
     const uint16_t *k_cache, *v_cache;
-    int nH, group, hd, max_ctx, pos0;
+    int nH, group, hd, max_ctx, pos0, t0; /* the pairs' tokens from t0 */
     size_t row;
     float scale;
 };
@@ -232,9 +232,9 @@ static void attn_heads(void *ctx, int lo, int hi, int thread) {
     const struct attn_job *j = ctx;
     int hd = j->hd;
     float *acc = xmalloc((size_t)hd * sizeof(float));
-    float *s = xmalloc((size_t)(j->pos0 + (hi - 1) / j->nH + 1) * sizeof(float));
+    float *s = xmalloc((size_t)(j->pos0 + j->t0 + (hi - 1) / j->nH + 1) * sizeof(float));
     for (int th = lo; th < hi; th++) {
-        int t = th / j->nH, h = th % j->nH;
+        int t = j->t0 + th / j->nH, h = th % j->nH;
         int n_ctx = j->pos0 + t + 1, kvh = h / j->group;
         const float *qh = j->q + ((size_t)t * j->nH + h) * hd;
         float mx = -INFINITY;
@@ -265,9 +265,10 @@ static void attn_heads(void *ctx, int lo, int hi, int thread) {
 static void cpu_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *h,
                           const uint16_t *in_norm, const uint16_t *W_in, const uint16_t *q_norm,
                           const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
-                          const int32_t *pos_p, int T) {
+                          const int32_t *pos_p, int T, int q_from) {
     const struct config *c = be->config;
     struct cpu *cpu = cpu_of(be);
+    CHECK(q_from >= 0 && q_from < T);
     int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     int group = nH / nKV, max_ctx = be->max_ctx, pos0 = *pos_p;
     size_t row = (size_t)2 * nH * hd + (size_t)2 * nKV * hd;
@@ -299,9 +300,9 @@ static void cpu_attention(struct backend *be, uint16_t *out, uint16_t *qkv, cons
         }
     }
 
-    /* 2. causal GQA softmax attention, fp32, then the sigmoid output gate */
-    struct attn_job j = {out, qkv, q, k_cache, v_cache, nH, group, hd, max_ctx, pos0, row, scale};
-    pool_for(cpu->pool, T * nH, attn_heads, &j);
+    /* 2. causal GQA softmax attention, fp32, then the sigmoid output gate (tokens >= q_from) */
+    struct attn_job j = {out, qkv, q, k_cache, v_cache, nH, group, hd, max_ctx, pos0, q_from, row, scale};
+    pool_for(cpu->pool, (T - q_from) * nH, attn_heads, &j);
     free(q);
 }
 
@@ -454,7 +455,7 @@ static void cpu_attention_rows(struct backend *be, uint16_t *out, uint16_t *qkv,
     for (int b = 0; b < B; b++)
         cpu_attention(be, out + (size_t)b * nH * hd, qkv + (size_t)b * row, NULL, NULL, NULL,
                       q_norm, k_norm, (uint16_t *)(rows->kv[b] + k_off),
-                      (uint16_t *)(rows->kv[b] + v_off), rows->pos + b, 1);
+                      (uint16_t *)(rows->kv[b] + v_off), rows->pos + b, 1, 0);
 }
 
 static void cpu_gdn_rows(struct backend *be, uint16_t *out, uint16_t *proj, const uint16_t *conv_w,

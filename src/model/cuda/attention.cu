@@ -896,7 +896,7 @@ static __device__ __forceinline__ void fa_store(uint16_t *out, const uint16_t *q
 template <int HD>
 static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
 attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
-                  const uint16_t *v_cache, const int32_t *pos, int T, int G, int nKV, int max_ctx,
+                  const uint16_t *v_cache, const int32_t *pos, int t_base, int T, int G, int nKV, int max_ctx,
                   float scale_log2) {
     grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
     grid_dependency_wait();
@@ -910,7 +910,7 @@ attn_flash_kernel(uint16_t *out, const uint16_t *q, const uint16_t *qkv, const u
     const int TQ = FA_BM / G, nH = nKV * G;
     const int qt = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y; /* long tiles first */
     const int t0 = qt * TQ, t_last = min(t0 + TQ, T) - 1;
-    const int p0 = *pos;
+    const int p0 = *pos + t_base; /* the position of query row 0 */
     const int n_keys = min(p0 + t_last + 1, max_ctx);
     const uint16_t *kc = k_cache + (size_t)kvh * max_ctx * HD, *vc = v_cache + (size_t)kvh * max_ctx * HD;
 
@@ -1030,7 +1030,7 @@ static __device__ __forceinline__ void fa_wg_load(uint16_t *dst, const uint16_t 
 template <int HD>
 static __global__ void __launch_bounds__(FA_WARPS *WARP_SIZE, 1)
 attn_flash_wg_kernel(uint16_t *out, float *part, const uint16_t *q, const uint16_t *qkv,
-                     const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *pos, int T, int G,
+                     const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *pos, int t_base, int T, int G,
                      int nKV, int max_ctx, float scale_log2) {
     grid_launch_dependents(); /* programmatic dependent launch: nothing before the wait */
     grid_dependency_wait();
@@ -1047,7 +1047,7 @@ attn_flash_wg_kernel(uint16_t *out, float *part, const uint16_t *q, const uint16
     const int TQ = FA_BM / G, nH = nKV * G;
     const int qt = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y; /* long tiles first */
     const int t0 = qt * TQ, t_last = min(t0 + TQ, T) - 1;
-    const int p0 = *pos;
+    const int p0 = *pos + t_base; /* the position of query row 0 */
     const int n_keys = min(p0 + t_last + 1, max_ctx);
     /* the key tiles of this split: kb0 .. kb0 + n_tiles - 1 */
     int kb0 = 0, n_tiles = (n_keys + FA_BN - 1) / FA_BN;
@@ -1353,8 +1353,14 @@ static void launch_prefill(struct cuda *cu, const struct config *c, int max_ctx,
 template <int HD>
 static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
                          const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
-                         const uint16_t *v_cache, const int32_t *pos, int T) {
+                         const uint16_t *v_cache, const int32_t *pos, int T, int q_from) {
     const int G = c->num_attention_heads / c->num_key_value_heads, TQ = FA_BM / G;
+    { /* the queries from row q_from: their rows of q, qkv (the gates) and out */
+        const int nH = c->num_attention_heads, nKV = c->num_key_value_heads;
+        out += (size_t)q_from * nH * HD, q += (size_t)q_from * nH * HD;
+        qkv += (size_t)q_from * (2 * nH + 2 * nKV) * HD;
+        T -= q_from;
+    }
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)HD);
     const dim3 grid((T + TQ - 1) / TQ, c->num_key_value_heads);
     static int opted[2]; /* per template instance: the attribute is the kernel's, not the call's */
@@ -1367,7 +1373,7 @@ static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, u
         if (S > FA_MAX_SPLITS) S = FA_MAX_SPLITS;
         while (S > 1 && (size_t)S * T * nH * (HD + 2) * sizeof(float) > cu->flash_part_bytes) S--;
         gpu_launch(cu->pdl, attn_flash_wg_kernel<HD>, dim3(grid.x, grid.y, S), dim3(FA_WARPS * WARP_SIZE), smem,
-                   cu->stream, out, cu->flash_part, q, qkv, k_cache, v_cache, pos, T, G,
+                   cu->stream, out, cu->flash_part, q, qkv, k_cache, v_cache, pos, q_from, T, G,
                    c->num_key_value_heads, max_ctx, scale_log2);
         if (S > 1) {
             cu->n_launches++;
@@ -1379,7 +1385,7 @@ static void launch_flash(struct cuda *cu, const struct config *c, int max_ctx, u
         if (!opted[0] && smem > 48 * 1024) GPU_SMEM_OPTIN(attn_flash_kernel<HD>, smem);
         opted[0] = 1;
         gpu_launch(cu->pdl, attn_flash_kernel<HD>, grid, dim3(FA_WARPS * WARP_SIZE), smem, cu->stream, out, q, qkv,
-                   k_cache, v_cache, pos, T, G, c->num_key_value_heads, max_ctx, scale_log2);
+                   k_cache, v_cache, pos, q_from, T, G, c->num_key_value_heads, max_ctx, scale_log2);
     }
     cu->n_launches++;
 }
@@ -1392,18 +1398,19 @@ extern "C" size_t cuda_flash_part_bytes(const struct cuda *cu, const struct conf
 }
 
 /* The flash kernel for head dims of 64, 128 and 256 (every Qwen3.5 size: 256; the demo model:
- * 64) and any GQA group up to FA_BM; the warp-per-token kernel for other head dims. */
+ * 64) and any GQA group up to FA_BM, over the queries from row q_from; the warp-per-token kernel
+ * for other head dims, over all T. */
 extern "C" void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx,
                                   uint16_t *out, const uint16_t *q, const uint16_t *qkv,
                                   const uint16_t *k_cache, const uint16_t *v_cache,
-                                  const int32_t *pos, int T) {
+                                  const int32_t *pos, int T, int q_from) {
     const int G = c->num_attention_heads / c->num_key_value_heads;
     cuda_prof_split(cu, "attention flash (prefill)");
     if (G <= FA_BM) {
         switch (c->head_dim) {
-        case 256: launch_flash<256>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); return;
-        case 128: launch_flash<128>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); return;
-        case 64: launch_flash<64>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T); return;
+        case 256: launch_flash<256>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T, q_from); return;
+        case 128: launch_flash<128>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T, q_from); return;
+        case 64: launch_flash<64>(cu, c, max_ctx, out, q, qkv, k_cache, v_cache, pos, T, q_from); return;
         default: break;
         }
     }

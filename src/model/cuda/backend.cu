@@ -592,10 +592,10 @@ static int attn_early_pays(struct cuda *cu, const struct config *c) {
 static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const uint16_t *h,
                          const uint16_t *in_norm, const uint16_t *W_in, const uint16_t *q_norm,
                          const uint16_t *k_norm, uint16_t *k_cache, uint16_t *v_cache,
-                         const int32_t *pos, int T) {
+                         const int32_t *pos, int T, int q_from) {
     const struct config *c = be->config;
     struct cuda *cu = W_in ? cuda_for_gemm(be, h, in_norm, T, c->hidden_size) : cuda_of(be);
-    CHECK(T >= 1 && T <= be->max_T);
+    CHECK(T >= 1 && T <= be->max_T && q_from >= 0 && q_from < T);
     const int nH = c->num_attention_heads, nKV = c->num_key_value_heads, hd = c->head_dim;
     const int N_in = 2 * nH * hd + 2 * nKV * hd;
     int *cnt = NULL, target = 0;
@@ -618,7 +618,7 @@ static void op_attention(struct backend *be, uint16_t *out, uint16_t *qkv, const
     if (T == 1)
         cuda_attn_decode(cu, c, be->max_ctx, out, cu->attn_q, qkv, k_cache, v_cache, pos);
     else
-        cuda_attn_prefill(cu, c, be->max_ctx, out, cu->attn_q, qkv, k_cache, v_cache, pos, T);
+        cuda_attn_prefill(cu, c, be->max_ctx, out, cu->attn_q, qkv, k_cache, v_cache, pos, T, q_from);
     cuda_prof_end(cu);
 }
 

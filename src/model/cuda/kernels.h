@@ -285,7 +285,7 @@ void cuda_attn_decode_rows(struct cuda *cu, const struct config *c, int max_ctx,
 size_t cuda_flash_part_bytes(const struct cuda *cu, const struct config *c);
 void cuda_attn_prefill(struct cuda *cu, const struct config *c, int max_ctx, uint16_t *out,
                        const uint16_t *q, const uint16_t *qkv, const uint16_t *k_cache,
-                       const uint16_t *v_cache, const int32_t *pos, int T);
+                       const uint16_t *v_cache, const int32_t *pos, int T, int q_from);
 
 /* gdn.cu. Decode: obuf (value_dim,) gets the delta rule's o as bf16 and sz (value_dim,) silu(z),
  * for the gated norm cuda_gemv_gated applies; prefill: out (T, value_dim) is the gated norm's
