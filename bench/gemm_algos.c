@@ -1,6 +1,7 @@
 /* gemm_algos.c - how far cuBLASLt's first heuristic choice is from the best of its first K, for
  * the prefill's GEMM shapes (out (T, N) = x (T, K) W^T, bf16 in and out, fp32 compute, split-K
- * partials reduced in fp32: strata's gpu_gemm_pick preferences, 32 MiB of workspace).
+ * partials reduced in fp32, 256-byte alignment: strata's gpu_gemm_pick preferences, 32 MiB of
+ * workspace).
  *
  *   bash bench/kernels.sh stage, then on the GPU machine:
  *   build-http-gpu/gemm_algos [K_ALGOS] [T ...]     (defaults: 16; 512 4096 8192)
@@ -10,7 +11,8 @@
  * layers run them, so each call reads its weights from DRAM), the median of 5 timed passes over
  * them, per call. Prints per shape and mode the first choice's time, the best one's (its index in
  * the heuristic's order) and the gain, and per T the sums over a 4B layer stack (24 DeltaNet + 8
- * attention layers). */
+ * attention layers). Neither mode predicts the pipeline: runs 254 and 256 (bench/RESULTS.md) forced
+ * its winners there and the prefill did not gain. */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -83,6 +85,11 @@ int main(int argc, char **argv) {
             BK(cublasLtMatmulPreferenceCreate(&pref));
             const uint64_t wsb = ws_bytes;
             BK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+            const uint32_t a256 = 256; /* strata's pointers: 256-byte aligned (gpu_gemm_pick) */
+            const cublasLtMatmulPreferenceAttributes_t al[] = {
+                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+            for (int j = 0; j < 4; j++) BK(cublasLtMatmulPreferenceSetAttribute(pref, al[j], &a256, sizeof a256));
             const uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
             BK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red));
             int n = 0;
