@@ -21,7 +21,8 @@
 #   NCU         a kernel-name regex profiled by ncu (NCU_COUNT launches, default 4) in an NCU_T-token
 #               (default 4,096) 4B prefill, or in `strata $NCU_CMD` (e.g. "bench --model /dev/shm/strata-models/4b
 #               --ctx 8192 --batch 4")
-#   COMPARE     sizes for compare_transformers.py compare --long 2048 (0.8b 4b)
+#   COMPARE     sizes for compare_transformers.py compare --long 2048 (0.8b 4b); SIZE@VAR=VALUE[:..]
+#               runs strata under that environment; COMPARE_TIMEOUT seconds a size (default 400)
 #   AHEAD       random checkpoints (e.g. 4b) on which `strata_logits ... ahead 40` checks greedy batched
 #               decode run ahead (choices fed on the device) against fed by the host
 #   BATCH       variants of `strata bench --model 4b --ctx 8192 --batch $BATCHES` (default
@@ -179,10 +180,13 @@ for s in ${AHEAD:-}; do
     timeout 120 "$BIN/strata_logits" "$M/$s" cuda "$OUT/ahead-ids.bin" "$OUT/ahead-$s.bin" ahead 40 >"$OUT/ahead-$s.txt" 2>&1
     echo "== ahead $s: rc $?: $(tail -1 "$OUT/ahead-$s.txt")"
 done
-for s in ${COMPARE:-}; do
+for w in ${COMPARE:-}; do # SIZE, or SIZE@VAR=VALUE[:VAR2=VALUE2] (strata under that environment)
+    s=${w%%@*} e=
+    [ "$s" != "$w" ] && e=${w#*@} && e=${e//:/ }
+    f=$OUT/compare-${w//[^A-Za-z0-9._-]/_}
     t0=$(date +%s)
-    PYTHONUNBUFFERED=1 timeout 400 python3 tools/compare_transformers.py compare --size "$s" --work "$M" \
-        --strata-logits "$BIN/strata_logits" --long 2048 --json "$OUT/compare-$s.json" >"$OUT/compare-$s.txt" 2>&1
-    echo "== compare $s: rc $?, $(($(date +%s) - t0)) s"
-    grep -v "train step" "$OUT/compare-$s.txt" | grep -E "\[(un)?trained|greedy|prefill|batched|rror"
+    env $e PYTHONUNBUFFERED=1 timeout "${COMPARE_TIMEOUT:-400}" python3 tools/compare_transformers.py compare \
+        --size "$s" --work "$M" --strata-logits "$BIN/strata_logits" --long 2048 --json "$f.json" >"$f.txt" 2>&1
+    echo "== compare $w: rc $?, $(($(date +%s) - t0)) s"
+    grep -v "train step" "$f.txt" | grep -E "\[(un)?trained|greedy|prefill|batched|rror"
 done
