@@ -34,7 +34,8 @@
 #   KTRACE      strata commands, "|" between them ($M the checkpoints' folder, e.g. "bench --model
 #               \$M/4b --ctx 8192 --pp-at 0:512 --reps 3"), each run with bench/kernel_trace.c
 #               injected: every kernel's start and end as it ran, to $OUT/ktrace-I.csv.xz, and
-#               bench/ktrace.py's digest of its longest phase (KTRACE_SHOW: another --show)
+#               bench/ktrace.py's digest of its longest phase (KTRACE_SHOW: another --show); a
+#               command's leading VAR=VALUE words are its environment (e.g. "STRATA_EXP_BF=1 bench ...")
 #   NCU_SRC     a regex of demangled kernel names (e.g. "gdn_step_kernel.*bool\)1>"): per-SASS-
 #               instruction stall samples of one launch (after NCU_SKIP, default 5) in `strata
 #               $NCU_CMD`, to $OUT/sass.csv (columns as Nsight Compute's source page)
@@ -158,8 +159,12 @@ if [ -n "${KTRACE:-}" ]; then
     for c in "${kcmds[@]}"; do
         i=$((i + 1))
         c=${c//\$M/$M}
-        echo "== ktrace $i: strata $c"
-        CUDA_INJECTION64_PATH=$PWD/$BIN/libkernel_trace.so KTRACE_OUT=$OUT/ktrace-$i.csv \
+        e= # leading VAR=VALUE words: the command's environment (an experiment's switch)
+        while [[ $c =~ ^\ *([A-Za-z_][A-Za-z0-9_]*=[^ ]*)\ +(.*)$ ]]; do
+            e="$e ${BASH_REMATCH[1]}" c=${BASH_REMATCH[2]}
+        done
+        echo "== ktrace $i:$e strata $c"
+        env $e CUDA_INJECTION64_PATH=$PWD/$BIN/libkernel_trace.so KTRACE_OUT=$OUT/ktrace-$i.csv \
             timeout 300 "$BIN/strata" $c >"$OUT/ktrace-$i.txt" 2>&1
         echo "rc $?; $(wc -l <"$OUT/ktrace-$i.csv") kernels"
         python3 bench/ktrace.py "$OUT/ktrace-$i.csv" --show "${KTRACE_SHOW:-longest}" --top 25 | tail -40
