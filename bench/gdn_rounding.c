@@ -137,8 +137,8 @@ int main(int argc, char **argv) {
     }
     T = atoi(argv[1]);
     const double gscale = atof(argv[2]);
-    if (T < 1 || !(gscale > 0)) {
-        fprintf(stderr, "%s: T >= 1 and GSCALE > 0\n", argv[0]);
+    if (T < 1 || T > 100000 || !(gscale > 0)) {
+        fprintf(stderr, "%s: T in 1 .. 100000 and GSCALE > 0\n", argv[0]);
         return 2;
     }
     srand(argc > 3 ? (unsigned)atoi(argv[3]) : 1);
@@ -146,6 +146,10 @@ int main(int argc, char **argv) {
     be = malloc(sizeof(float) * T), g = malloc(sizeof(float) * T), S0 = malloc(sizeof(float) * DK * DV);
     double *oref = malloc(sizeof(double) * T * DV), *Sref = malloc(sizeof(double) * DK * DV);
     float *o = malloc(sizeof(float) * T * DV), *ob = malloc(sizeof(float) * T * DV), *S = malloc(sizeof(float) * DK * DV);
+    if (!q || !k || !v || !be || !g || !S0 || !oref || !Sref || !o || !ob || !S) {
+        fprintf(stderr, "%s: out of memory for T = %d\n", argv[0], T);
+        return 1;
+    }
     for (int t = 0; t < T; t++) {
         double nq = 0, nk = 0;
         for (int d = 0; d < DK; d++) {
